@@ -1,0 +1,19 @@
+"""The `reinforge` command. Each layer owns its sub-commands in its own module; this file only
+assembles them."""
+
+from __future__ import annotations
+
+import typer
+
+from reinforge.runner.cli import runner_command
+from reinforge.store.cli import store_app
+from reinforge.training.cli import demo_command, train_command
+
+app = typer.Typer(no_args_is_help=True, help="Train any AI agent with reinforcement learning.")
+app.add_typer(store_app, name="store")
+app.command("runner")(runner_command)
+app.command("train")(train_command)
+app.command("demo")(demo_command)
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,1 @@
+"""reinforge.dashboard"""

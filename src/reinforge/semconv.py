@@ -1,0 +1,57 @@
+"""Span names and attribute keys that reinforge writes and reads (its semantic conventions).
+
+The gateway writes LLM spans, the tracing API writes reward/tool/custom spans, and credit/ reads them
+back; they meet only here.
+"""
+
+from __future__ import annotations
+
+# Span names
+SPAN_LLM_CALL = "reinforge.llm_call"
+"""One LLM call recorded by the gateway."""
+SPAN_REWARD = "reinforge.reward"
+"""A reward emitted during the run (emit_reward or a POST to the reward URL)."""
+SPAN_FINAL_REWARD = "reinforge.final_reward"
+"""The attempt's final reward (the agent's return value, or the last REINFORGE_REWARD line)."""
+
+# What kind of step a span is: "llm", "tool", "reward", "custom"
+ATTR_STEP_KIND = "reinforge.step.kind"
+STEP_LLM = "llm"
+STEP_TOOL = "tool"
+STEP_REWARD = "reward"
+STEP_CUSTOM = "custom"
+
+ATTR_AGENT_NAME = "reinforge.agent.name"
+"""Which agent/component made the call (for selective training in multi-agent systems)."""
+
+# LLM call attributes (written by the gateway)
+ATTR_LLM_REQUEST = "reinforge.llm.request"
+"""The request body as the client sent it (a JSON object)."""
+ATTR_LLM_RESPONSE = "reinforge.llm.response"
+"""The response body returned to the client (a JSON object; for streams, the assembled response)."""
+ATTR_LLM_ENDPOINT = "reinforge.llm.endpoint"
+"""'chat.completions', 'completions' or 'responses'."""
+ATTR_PROMPT_TOKEN_IDS = "reinforge.llm.prompt_token_ids"
+ATTR_COMPLETION_TOKEN_IDS = "reinforge.llm.completion_token_ids"
+ATTR_COMPLETION_LOGPROBS = "reinforge.llm.completion_logprobs"
+"""The behaviour logprob of each completion token, as the engine computed it."""
+ATTR_POLICY_VERSION = "reinforge.llm.policy_version"
+ATTR_FINISH_REASON = "reinforge.llm.finish_reason"
+ATTR_MODEL = "reinforge.llm.model"
+ATTR_LATENCY_MS = "reinforge.llm.latency_ms"
+ATTR_MALFORMED_TOOL_CALL = "reinforge.llm.malformed_tool_call"
+"""True when the model tried to call a tool but the call could not be parsed (an AIR signal)."""
+ATTR_SEQUENCE_IN_ATTEMPT = "reinforge.sequence"
+"""A per-attempt counter stamped by the writer, so order survives equal timestamps."""
+
+# Rewards
+ATTR_REWARD_VALUE = "reinforge.reward.value"
+ATTR_REWARD_NAME = "reinforge.reward.name"
+
+# Tools and system signals (Automatic Intermediate Rewards)
+ATTR_TOOL_NAME = "reinforge.tool.name"
+ATTR_AIR_SIGNAL = "reinforge.air.signal"
+"""A system signal on a span: one of AIR_* below."""
+AIR_TOOL_ERROR = "tool_error"
+AIR_MALFORMED_TOOL_CALL = "malformed_tool_call"
+AIR_TIMEOUT = "timeout"

@@ -1,0 +1,242 @@
+"""The data model shared by every layer: tasks, rollouts, attempts, spans, resources.
+
+These pydantic models are the boundary types: the store persists them, the HTTP server and client
+exchange them as JSON, and the trainer reads them back. Timestamps are float seconds since the epoch.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from enum import Enum
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+T = TypeVar("T")
+
+MAX_PAGE_SIZE = 1000
+"""The most items one query returns; larger limits are rejected, not truncated silently."""
+
+
+def new_id() -> str:
+    """A random 32-hex-character id (the same shape as an OpenTelemetry trace id)."""
+    return uuid.uuid4().hex
+
+
+def now() -> float:
+    return time.time()
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", use_enum_values=False)
+
+
+class RolloutStatus(str, Enum):
+    queued = "queued"
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    cancelled = "cancelled"
+
+    @property
+    def is_final(self) -> bool:
+        return self in (RolloutStatus.succeeded, RolloutStatus.failed, RolloutStatus.cancelled)
+
+
+class RolloutMode(str, Enum):
+    train = "train"
+    val = "val"
+
+
+class AttemptStatus(str, Enum):
+    running = "running"
+    succeeded = "succeeded"
+    failed = "failed"
+    timeout = "timeout"
+    """The lease expired without a heartbeat; the attempt is superseded."""
+    cancelled = "cancelled"
+
+
+class RolloutSpec(_Model):
+    """What a caller gives to enqueue one rollout. Giving `rollout_id` makes enqueueing idempotent."""
+
+    rollout_id: str | None = Field(default=None, min_length=1, max_length=128)
+    task: dict[str, Any] = Field(default_factory=dict, description="The dataset item, as JSON.")
+    task_id: str | None = Field(default=None, max_length=128)
+    mode: RolloutMode = RolloutMode.train
+    group_id: str | None = Field(default=None, max_length=128)
+    resources_version: int | None = Field(default=None, ge=0)
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Rollout(_Model):
+    """One run of the agent on a task; it may take several attempts."""
+
+    rollout_id: str
+    task: dict[str, Any] = Field(default_factory=dict)
+    task_id: str | None = None
+    mode: RolloutMode = RolloutMode.train
+    group_id: str | None = None
+    resources_version: int | None = None
+    status: RolloutStatus = RolloutStatus.queued
+    max_attempts: int = 3
+    attempt_count: int = 0
+    reward: float | None = None
+    error: str | None = None
+    created_at: float = Field(default_factory=now)
+    updated_at: float = Field(default_factory=now)
+    finished_at: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Attempt(_Model):
+    """One try of a rollout by one runner, held by a lease that heartbeats extend."""
+
+    attempt_id: str
+    rollout_id: str
+    attempt_no: int = Field(ge=1, description="1 for the first try of the rollout, 2 for the retry, ...")
+    runner_id: str
+    status: AttemptStatus = AttemptStatus.running
+    started_at: float = Field(default_factory=now)
+    lease_deadline: float
+    last_heartbeat: float = Field(default_factory=now)
+    finished_at: float | None = None
+    reward: float | None = None
+    error: str | None = None
+
+
+class LeasedRollout(_Model):
+    """What a runner receives from a lease: the rollout and the attempt it now owns."""
+
+    rollout: Rollout
+    attempt: Attempt
+
+
+class AttemptOutcome(_Model):
+    """How a runner reports the end of an attempt."""
+
+    status: Literal[AttemptStatus.succeeded, AttemptStatus.failed, AttemptStatus.cancelled]
+    reward: float | None = None
+    error: str | None = Field(default=None, max_length=65536)
+    retryable: bool = Field(
+        default=True, description="A failed attempt is retried (up to max_attempts) only when retryable."
+    )
+
+
+class SpanKind(str, Enum):
+    """The OpenTelemetry span kinds."""
+
+    internal = "internal"
+    server = "server"
+    client = "client"
+    producer = "producer"
+    consumer = "consumer"
+
+
+class SpanStatusCode(str, Enum):
+    unset = "unset"
+    ok = "ok"
+    error = "error"
+
+
+class SpanStatus(_Model):
+    code: SpanStatusCode = SpanStatusCode.unset
+    message: str | None = None
+
+
+class SpanEvent(_Model):
+    name: str
+    timestamp: float
+    attributes: dict[str, Any] = Field(default_factory=dict)
+
+
+class Span(_Model):
+    """One traced operation inside an attempt, shaped like an OpenTelemetry span.
+
+    `attributes` may hold JSON values (lists of token ids, nested request bodies); the keys that
+    reinforge itself reads are listed in `reinforge.semconv`.
+    """
+
+    span_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:16], pattern=r"^[0-9a-f]{16}$")
+    trace_id: str = Field(default_factory=new_id, pattern=r"^[0-9a-f]{32}$")
+    parent_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$")
+    rollout_id: str = Field(min_length=1, max_length=128)
+    attempt_id: str = Field(min_length=1, max_length=128)
+    name: str = Field(min_length=1, max_length=512)
+    kind: SpanKind = SpanKind.internal
+    start_time: float = Field(default_factory=now)
+    end_time: float | None = None
+    attributes: dict[str, Any] = Field(default_factory=dict)
+    status: SpanStatus = Field(default_factory=SpanStatus)
+    events: list[SpanEvent] = Field(default_factory=list)
+    sequence: int | None = Field(
+        default=None, description="Order of arrival within the store, assigned by the store on insert."
+    )
+
+
+class ResourcesVersion(_Model):
+    """A numbered, immutable set of resources an agent is given (LLM endpoint, prompt templates...)."""
+
+    version: int = Field(ge=0)
+    resources: dict[str, Any] = Field(default_factory=dict)
+    created_at: float = Field(default_factory=now)
+
+
+class Reward(_Model):
+    """A reward value, final (the attempt's outcome) or intermediate (emitted during the run)."""
+
+    value: float
+    name: str | None = None
+
+
+class Page(_Model, Generic[T]):
+    """One page of a query; `next_offset` is None on the last page."""
+
+    items: list[T]
+    total: int
+    next_offset: int | None = None
+
+
+class _Query(_Model):
+    limit: int = Field(default=100, ge=1, le=MAX_PAGE_SIZE)
+    offset: int = Field(default=0, ge=0)
+
+
+class RolloutQuery(_Query):
+    rollout_ids: list[str] | None = None
+    statuses: list[RolloutStatus] | None = None
+    mode: RolloutMode | None = None
+    group_id: str | None = None
+    task_id: str | None = None
+
+
+class AttemptQuery(_Query):
+    rollout_id: str | None = None
+    runner_id: str | None = None
+    statuses: list[AttemptStatus] | None = None
+
+
+class SpanQuery(_Query):
+    rollout_id: str | None = None
+    attempt_id: str | None = None
+    name: str | None = None
+    trace_id: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _non_empty(cls, v: str | None) -> str | None:
+        if v is not None and not v:
+            raise ValueError("name filter must not be empty")
+        return v
+
+
+class StoreCounters(_Model):
+    """Numbers for `reinforge store status` and the dashboard."""
+
+    rollouts_by_status: dict[RolloutStatus, int] = Field(default_factory=dict)
+    attempts_by_status: dict[AttemptStatus, int] = Field(default_factory=dict)
+    spans: int = 0
+    resources_versions: int = 0
+    latest_resources_version: int | None = None
