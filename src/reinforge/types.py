@@ -240,3 +240,33 @@ class StoreCounters(_Model):
     spans: int = 0
     resources_versions: int = 0
     latest_resources_version: int | None = None
+
+
+class Transition(_Model):
+    """One training sample: an LLM call (or several merged along exact token prefixes) with its credit.
+
+    `response_ids` are the tokens the policy is trained on; positions with `response_mask` 0 (tool
+    results and observations inside a merged trajectory) are context only. `behaviour_logprobs` are
+    the gateway's recorded logprobs, aligned with `response_ids` (0.0 where the mask is 0).
+    """
+
+    rollout_id: str
+    attempt_id: str
+    group_id: str | None = None
+    task_id: str | None = None
+    agent_name: str | None = None
+    index: int = Field(default=0, ge=0, description="Position of this transition in its trajectory.")
+    prompt_ids: list[int]
+    response_ids: list[int]
+    response_mask: list[int]
+    behaviour_logprobs: list[float]
+    policy_version: int = 0
+    reward: float = 0.0
+    """The credit assigned to this transition."""
+    final_reward: float = 0.0
+    """The rollout's final reward, whatever credit assignment gave this transition."""
+    reward_sources: dict[str, float] = Field(default_factory=dict)
+    """How much of `reward` came from each credit source ('equal', 'discounted', 'emitted', 'air')."""
+    advantage: float | None = None
+    """Filled in by the algorithm's advantage estimator."""
+    num_calls: int = Field(default=1, ge=1, description="How many LLM calls were merged into it.")
