@@ -10,6 +10,8 @@ from reinforge.errors import (
     StaleAttemptError,
     StoreUnavailableError,
 )
+from reinforge.runner import LLM, Agent, CommandAgent, Runner, agent
+from reinforge.tracing import emit_reward, span
 from reinforge.types import (
     Attempt,
     AttemptOutcome,
@@ -26,10 +28,13 @@ from reinforge.types import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "LLM",
+    "Agent",
     "Attempt",
     "AttemptOutcome",
     "AttemptStatus",
     "AuthenticationError",
+    "CommandAgent",
     "ConflictError",
     "InvalidRequestError",
     "LeasedRollout",
@@ -41,8 +46,12 @@ __all__ = [
     "RolloutMode",
     "RolloutSpec",
     "RolloutStatus",
+    "Runner",
     "Span",
     "StaleAttemptError",
     "StoreUnavailableError",
     "__version__",
+    "agent",
+    "emit_reward",
+    "span",
 ]

@@ -18,6 +18,9 @@ T = TypeVar("T")
 MAX_PAGE_SIZE = 1000
 """The most items one query returns; larger limits are rejected, not truncated silently."""
 
+MAX_STORED_INT = 2**63 - 1
+"""The largest integer a column can hold (SQL BIGINT); larger ids and offsets are bad input."""
+
 
 def new_id() -> str:
     """A random 32-hex-character id (the same shape as an OpenTelemetry trace id)."""
@@ -66,7 +69,7 @@ class RolloutSpec(_Model):
     task_id: str | None = Field(default=None, max_length=128)
     mode: RolloutMode = RolloutMode.train
     group_id: str | None = Field(default=None, max_length=128)
-    resources_version: int | None = Field(default=None, ge=0)
+    resources_version: int | None = Field(default=None, ge=0, le=MAX_STORED_INT)
     max_attempts: int = Field(default=3, ge=1, le=100)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
@@ -201,7 +204,7 @@ class Page(_Model, Generic[T]):
 
 class _Query(_Model):
     limit: int = Field(default=100, ge=1, le=MAX_PAGE_SIZE)
-    offset: int = Field(default=0, ge=0)
+    offset: int = Field(default=0, ge=0, le=MAX_STORED_INT)
 
 
 class RolloutQuery(_Query):

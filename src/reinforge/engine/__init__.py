@@ -1,1 +1,6 @@
-"""reinforge.engine"""
+"""The embedded inference engine: continuous batching for Hugging Face causal LMs, on CPU or CUDA."""
+
+from reinforge.engine.engine import Engine, EngineDelta, EngineOutput
+from reinforge.engine.errors import EngineError, EngineStoppedError
+
+__all__ = ["Engine", "EngineDelta", "EngineError", "EngineOutput", "EngineStoppedError"]

@@ -1,0 +1,506 @@
+"""The embedded inference engine: continuous batching of many concurrent requests in one process.
+
+One worker thread owns the model and runs the scheduling loop; the asyncio side only submits requests
+and reads results. Each loop iteration:
+
+1. drops cancelled requests (a running one frees its slot at once);
+2. applies a pending weight update once the running batch has drained: while an update waits, no new
+   request starts, so a response is always produced by exactly one policy version;
+3. admits waiting requests (FIFO) while the batch has free slots and the token budget allows, and
+   prefills them in right-padded batches grouped by length;
+4. runs ONE decode forward for every running sequence and samples the next token of each;
+5. hands each request its new tokens (one callback per event loop per iteration).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import threading
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from reinforge.engine.detokenizer import IncrementalDetokenizer, find_stop
+from reinforge.engine.errors import EngineError, EngineStoppedError
+from reinforge.engine.runner import ModelRunner, make_runner
+from reinforge.engine.sampling import RowParams, sample
+from reinforge.engine.weights import WeightsSource, apply_state_dict, check_state_dict, read_state_dict
+from reinforge.errors import InvalidRequestError
+from reinforge.gateway.backend import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+EngineFinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class EngineOutput:
+    """A finished generation. `logprobs[i]` is log pi(token_ids[i]) under the raw model distribution
+    (temperature 1, no truncation); see `reinforge.engine.sampling`."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: EngineFinishReason
+    policy_version: int
+    text: str
+    """The completion decoded without special tokens, cut before a matched stop string."""
+    num_prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class EngineDelta:
+    """Tokens produced since the previous delta of a stream, and the text they completed."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    text: str
+
+
+@dataclass
+class _Sequence:
+    """One request as the worker sees it; fields other than `cancelled` are touched only by the worker."""
+
+    prompt: list[int]
+    row: RowParams
+    max_new: int
+    stop_ids: frozenset[int]
+    stops: list[str]
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[tuple[str, Any]]
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    unsent: int = 0
+    version: int = 0
+    slot: int = -1
+    length: int = 0
+    pending: int = -1
+    detok: IncrementalDetokenizer | None = None
+    finish_reason: EngineFinishReason | None = None
+    cancelled: bool = False
+
+    @property
+    def reserved(self) -> int:
+        return len(self.prompt) + self.max_new
+
+
+@dataclass
+class _Update:
+    state: Mapping[str, torch.Tensor]
+    version: int
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[None]
+
+
+class Engine:
+    """Serve one causal LM to many concurrent callers (see the module docstring for the loop).
+
+    max_batch_size: the most sequences decoded together (slots); more requests queue.
+    max_num_tokens: the most tokens (prompt + generation budget) reserved by running sequences.
+    max_seq_len: the longest sequence (prompt + completion); defaults to the model's position limit.
+    prefill_max_tokens: the most (padded) tokens in one prefill forward, bounding activation memory.
+    seed: seeds the shared generator used by requests without their own seed.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        max_batch_size: int = 64,
+        max_num_tokens: int | None = None,
+        max_seq_len: int | None = None,
+        policy_version: int = 0,
+        prefill_max_tokens: int = 8192,
+        seed: int | None = None,
+    ) -> None:
+        config = getattr(model, "config", None)
+        limit = int(getattr(config, "max_position_embeddings", 0) or 2048)
+        self.max_seq_len = min(max_seq_len or limit, limit)
+        self.max_batch_size = max_batch_size
+        self.max_num_tokens = max_num_tokens or max_batch_size * self.max_seq_len
+        if max_batch_size < 1 or self.max_num_tokens < self.max_seq_len:
+            raise InvalidRequestError(
+                f"need max_batch_size >= 1 and max_num_tokens >= max_seq_len ({self.max_seq_len}); "
+                f"got {max_batch_size} and {self.max_num_tokens}"
+            )
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.vocab_size = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[operator]
+        self.prefill_max_tokens = prefill_max_tokens
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self._version = policy_version
+        self._runner: ModelRunner = make_runner(model, max_batch_size, self.max_seq_len)
+        self._shared_gen = torch.Generator()
+        if seed is None:
+            self._shared_gen.seed()
+        else:
+            self._shared_gen.manual_seed(seed)
+        self._cond = threading.Condition()
+        self._inbox: list[_Sequence] = []
+        self._updates: collections.deque[_Update] = collections.deque()
+        self._waiting: collections.deque[_Sequence] = collections.deque()
+        self._running: list[_Sequence] = []
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+        self._steps = 0
+        self._peak_running = 0
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights new requests are served with."""
+        return self._version
+
+    @property
+    def uses_fast_path(self) -> bool:
+        return type(self._runner).__name__ == "SlotCacheRunner"
+
+    def stats(self) -> dict[str, int]:
+        """Counts for monitoring and tests: running sequences, waiting requests, decode steps."""
+        with self._cond:
+            return {
+                "running": len(self._running),
+                "waiting": len(self._waiting) + len(self._inbox),
+                "steps": self._steps,
+                "peak_running": self._peak_running,
+                "pending_updates": len(self._updates),
+            }
+
+    def start(self) -> Engine:
+        with self._cond:
+            if self._stopping:
+                raise EngineStoppedError("the engine was stopped; create a new one")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="reinforge-engine", daemon=True)
+                self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the worker; requests still queued or running fail with EngineStoppedError."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+        with self._cond:
+            leftover = [*self._inbox, *self._waiting, *self._running]
+            self._inbox.clear()
+            self._waiting.clear()
+            self._running.clear()
+            updates = list(self._updates)
+            self._updates.clear()
+        error = EngineStoppedError("the engine stopped before the request finished")
+        self._deliver([(s, ("error", error)) for s in leftover])
+        for u in updates:
+            u.loop.call_soon_threadsafe(_set_exception, u.future, error)
+
+    def __enter__(self) -> Engine:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- asyncio API -----------------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None) -> EngineOutput:
+        """Generate one completion; cancelling the awaiting task frees the request's slot."""
+        seq = self._submit(prompt_ids, sampling or SamplingParams())
+        try:
+            while True:
+                kind, payload = await seq.queue.get()
+                if kind == "done":
+                    assert isinstance(payload, EngineOutput)
+                    return payload
+                if kind == "error":
+                    raise payload
+        finally:
+            if seq.finish_reason is None:
+                self._cancel(seq)
+
+    async def stream(
+        self, prompt_ids: list[int], sampling: SamplingParams | None = None
+    ) -> AsyncIterator[EngineDelta | EngineOutput]:
+        """Yield deltas as tokens are produced, then the EngineOutput. Text that might be the start
+        of a stop string is held back, so streamed text always equals the final text."""
+        params = sampling or SamplingParams()
+        seq = self._submit(prompt_ids, params)
+        detok = IncrementalDetokenizer(self.tokenizer)
+        hold = max((len(s) for s in params.stop), default=1) - 1
+        sent = 0
+        try:
+            while True:
+                kind, payload = await seq.queue.get()
+                if kind == "error":
+                    raise payload
+                if kind == "done":
+                    assert isinstance(payload, EngineOutput)
+                    if len(payload.text) > sent:
+                        yield EngineDelta([], [], payload.text[sent:])
+                    yield payload
+                    return
+                ids, lps = payload
+                delta = detok.push([t for t in ids if t not in seq.stop_ids])
+                ready = len(detok.text) - hold
+                cut = find_stop(detok.text, seq.stops, len(delta)) if seq.stops and delta else None
+                if cut is not None:  # the stop string just completed: never show it
+                    ready = min(ready, cut)
+                text = detok.text[sent:ready] if ready > sent else ""
+                sent += len(text)
+                yield EngineDelta(ids, lps, text)
+        finally:
+            if seq.finish_reason is None:
+                self._cancel(seq)
+
+    async def load_weights(self, weights: WeightsSource, version: int) -> None:
+        """Swap in new weights between steps: requests already running finish on the old version,
+        new ones wait until the update is applied, then carry `version`."""
+        if isinstance(weights, (str, Path)):
+            state: Mapping[str, torch.Tensor] = await asyncio.to_thread(read_state_dict, weights)
+        else:
+            state = weights
+        check_state_dict(self.model, state)
+        if version < 0:
+            raise InvalidRequestError("policy version must be >= 0")
+        loop = asyncio.get_running_loop()
+        update = _Update(state, version, loop, loop.create_future())
+        with self._cond:
+            self._updates.append(update)
+            self._cond.notify_all()
+        self.start()
+        await update.future
+
+    # ---- request intake (caller's thread) ---------------------------------------------------------
+
+    def _submit(self, prompt_ids: list[int], sampling: SamplingParams) -> _Sequence:
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt:
+            raise InvalidRequestError("the prompt is empty")
+        bad = [t for t in prompt if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(
+                f"prompt token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+            )
+        room = self.max_seq_len - len(prompt)
+        if room < 1:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt)} tokens; the engine's context is {self.max_seq_len} tokens"
+            )
+        generator = None
+        if sampling.seed is not None:
+            generator = torch.Generator().manual_seed(sampling.seed)
+        stops = [s for s in sampling.stop if s]
+        seq = _Sequence(
+            prompt=prompt,
+            row=RowParams(sampling.temperature, sampling.top_p, sampling.top_k, generator),
+            # A max_tokens beyond the context ends with finish_reason "length" at the context's end.
+            max_new=min(sampling.max_tokens or room, room),
+            stop_ids=frozenset(sampling.stop_token_ids) | self.eos_token_ids,
+            stops=stops,
+            loop=asyncio.get_running_loop(),
+            queue=asyncio.Queue(),
+            detok=IncrementalDetokenizer(self.tokenizer) if stops else None,
+        )
+        self.start()
+        with self._cond:
+            if self._stopping:
+                raise EngineStoppedError("the engine is stopped")
+            self._inbox.append(seq)
+            self._cond.notify_all()
+        return seq
+
+    def _cancel(self, seq: _Sequence) -> None:
+        with self._cond:
+            seq.cancelled = True
+            self._cond.notify_all()
+
+    # ---- the worker -------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stopping or self._inbox or self._waiting or self._running or self._updates):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                self._waiting.extend(self._inbox)
+                self._inbox.clear()
+            try:
+                self._iteration()
+            except Exception as exc:  # a failing forward must fail its requests, never hang them
+                logger.exception("engine iteration failed")
+                error = EngineError(f"the engine failed while generating: {exc!r}")
+                with self._cond:
+                    failed = [*self._running, *self._waiting]
+                    self._running.clear()
+                    self._waiting.clear()
+                self._deliver([(s, ("error", error)) for s in failed])
+
+    def _iteration(self) -> None:
+        with self._cond:
+            self._waiting = collections.deque(s for s in self._waiting if not s.cancelled)
+            cancelled = [s for s in self._running if s.cancelled]
+            update = self._updates[0] if self._updates else None
+        for seq in sorted(cancelled, key=lambda s: s.slot, reverse=True):
+            self._release(seq)
+        if update is not None and not self._running:
+            self._apply_update()
+            update = None
+        events: list[tuple[_Sequence, tuple[str, Any]]] = []
+        if update is None and self._waiting and len(self._running) < self.max_batch_size:
+            self._admit(events)
+        if self._running:
+            self._decode(events)
+        self._deliver(events)
+
+    def _apply_update(self) -> None:
+        with self._cond:
+            updates = list(self._updates)
+            self._updates.clear()
+        for u in updates:
+            try:
+                apply_state_dict(self.model, u.state)
+                self._runner.refresh_weights()
+                self._version = u.version
+            except Exception as exc:
+                u.loop.call_soon_threadsafe(
+                    _set_exception, u.future, EngineError(f"weight update failed: {exc!r}")
+                )
+            else:
+                u.loop.call_soon_threadsafe(_set_result, u.future)
+
+    def _admit(self, events: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
+        budget = self.max_num_tokens - sum(s.reserved for s in self._running)
+        chosen: list[_Sequence] = []
+        while self._waiting and len(self._running) + len(chosen) < self.max_batch_size:
+            head = self._waiting[0]
+            if head.reserved > budget:
+                break
+            chosen.append(self._waiting.popleft())
+            budget -= head.reserved
+        # Group similar lengths so right padding wastes little; cap padded tokens per forward.
+        chosen.sort(key=lambda s: len(s.prompt))
+        while chosen:
+            group = [chosen.pop(0)]
+            while chosen and (len(group) + 1) * len(chosen[0].prompt) <= self.prefill_max_tokens:
+                group.append(chosen.pop(0))
+            first = len(self._running)
+            logits = self._runner.prefill(first, [s.prompt for s in group])
+            tokens, logprobs = sample(logits, [s.row for s in group], self._shared_gen)
+            for i, seq in enumerate(group):
+                seq.slot, seq.length, seq.version = first + i, len(seq.prompt), self._version
+                self._running.append(seq)
+            self._accept(group, tokens, logprobs, events)
+
+    def _decode(self, events: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
+        running = self._running
+        self._peak_running = max(self._peak_running, len(running))
+        logits = self._runner.decode([s.pending for s in running], [s.length for s in running])
+        for seq in running:
+            seq.length += 1
+        tokens, logprobs = sample(logits, [s.row for s in running], self._shared_gen)
+        self._steps += 1
+        self._accept(list(running), tokens, logprobs, events)
+
+    def _accept(
+        self,
+        seqs: list[_Sequence],
+        tokens: list[int],
+        logprobs: list[float],
+        events: list[tuple[_Sequence, tuple[str, Any]]],
+    ) -> None:
+        finished: list[_Sequence] = []
+        for seq, token, logprob in zip(seqs, tokens, logprobs, strict=True):
+            seq.tokens.append(token)
+            seq.logprobs.append(logprob)
+            seq.pending = token
+            if token in seq.stop_ids:
+                seq.finish_reason = "stop"
+            elif seq.detok is not None:
+                delta = seq.detok.push([token])
+                if delta and find_stop(seq.detok.text, seq.stops, len(delta)) is not None:
+                    seq.finish_reason = "stop"
+            if seq.finish_reason is None and len(seq.tokens) >= seq.max_new:
+                seq.finish_reason = "length"
+            new = len(seq.tokens) - seq.unsent
+            events.append((seq, ("tokens", (seq.tokens[seq.unsent :], seq.logprobs[seq.unsent :]))))
+            seq.unsent += new
+            if seq.finish_reason is not None:
+                events.append((seq, ("done", self._output(seq))))
+                finished.append(seq)
+        for seq in sorted(finished, key=lambda s: s.slot, reverse=True):
+            self._release(seq)
+
+    def _output(self, seq: _Sequence) -> EngineOutput:
+        assert seq.finish_reason is not None
+        text_tokens = seq.tokens[:-1] if seq.tokens[-1] in seq.stop_ids else seq.tokens
+        text = str(
+            self.tokenizer.decode(text_tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        )
+        if seq.stops:
+            cut = find_stop(text, seq.stops, len(text))
+            if cut is not None:
+                text = text[:cut]
+        return EngineOutput(
+            token_ids=list(seq.tokens),
+            logprobs=list(seq.logprobs),
+            finish_reason=seq.finish_reason,
+            policy_version=seq.version,
+            text=text,
+            num_prompt_tokens=len(seq.prompt),
+        )
+
+    def _release(self, seq: _Sequence) -> None:
+        """Free `seq`'s slot, moving the last running sequence into it so slots stay packed."""
+        with self._cond:
+            last = self._running.pop()
+            if last is not seq:
+                self._runner.move(last.slot, seq.slot, last.length)
+                last.slot = seq.slot
+                self._running[seq.slot] = last
+
+    def _deliver(self, events: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, tuple[str, Any]]]] = {}
+        for seq, event in events:
+            by_loop.setdefault(seq.loop, []).append((seq, event))
+        for loop, items in by_loop.items():
+            # A closed event loop raises RuntimeError: its callers are gone, nobody is waiting.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
+    for seq, event in items:
+        seq.queue.put_nowait(event)
+
+
+def _set_result(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _set_exception(future: asyncio.Future[None], error: BaseException) -> None:
+    if not future.done():
+        future.set_exception(error)
+
+
+def _eos_ids(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
+    """EOS from the tokenizer and from the model's generation config (which may list several)."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.update(int(e) for e in eos)
+    return frozenset(ids)

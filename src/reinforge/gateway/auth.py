@@ -1,0 +1,35 @@
+"""Per-attempt bearer tokens: an HMAC of the attempt id under the gateway's secret.
+
+Why HMAC and not a token table: the gateway can verify a token with no store round-trip, and an
+agent's key opens only its own attempt, so a subprocess agent's environment holds no trainer secret.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+
+TOKEN_PREFIX = "rf-"
+
+
+def attempt_token(secret: str, attempt_id: str) -> str:
+    """The bearer token that authorises calls for `attempt_id` (give it to the agent as its API key)."""
+    if not secret:
+        raise ValueError("the gateway secret must not be empty")
+    digest = hmac.new(secret.encode(), attempt_id.encode(), hashlib.sha256).hexdigest()
+    return TOKEN_PREFIX + digest
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header, or None when there is none."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()
+
+
+def token_matches(expected: str, given: str | None) -> bool:
+    """Constant-time comparison, so the token can't be guessed byte by byte from timings."""
+    return given is not None and hmac.compare_digest(expected.encode(), given.encode())

@@ -1,0 +1,60 @@
+"""Errors in OpenAI's format: `{"error": {"message", "type", "param", "code"}}`.
+
+Agents written against OpenAI's SDKs parse this shape to raise their own typed exceptions
+(`openai.NotFoundError`, `openai.BadRequestError`...), so every gateway error uses it.
+"""
+
+from __future__ import annotations
+
+import json
+
+from starlette.responses import Response
+
+from reinforge.errors import ReinforgeError
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    422: "invalid_request_error",
+    502: "upstream_error",
+    503: "service_unavailable",
+}
+
+
+class UpstreamError(ReinforgeError):
+    """The upstream server failed or answered in a shape we can't read token ids from."""
+
+    http_status = 502
+
+
+class GatewayHTTPError(ReinforgeError):
+    """An error with an explicit status, `param` and `code` for the OpenAI error body."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.http_status = status
+        self.param = param
+        self.code = code
+
+
+def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> bytes:
+    error = {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}
+    return json.dumps({"error": error}).encode()
+
+
+def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> Response:
+    return Response(
+        error_body(status, message, param, code), status_code=status, media_type="application/json"
+    )
+
+
+def response_for(exc: ReinforgeError) -> Response:
+    """Map any reinforge error to its HTTP status and an OpenAI-shaped body."""
+    param = getattr(exc, "param", None)
+    code = getattr(exc, "code", None) or type(exc).__name__
+    return error_response(exc.http_status, str(exc) or type(exc).__name__, param, code)

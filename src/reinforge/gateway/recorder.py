@@ -1,0 +1,124 @@
+"""Writes spans to the store in batches, off the request path, with bounded memory.
+
+Why a queue and not a write per call: a store round-trip per LLM call would sit on the agent's
+latency. The request path only enqueues; one writer task drains the queue in batches. The queue is
+bounded: when the store falls behind, `record` waits for room (backpressure) instead of dropping a
+span or growing without limit, because a lost LLM span is a lost training sample. A failed write is
+retried with backoff, never dropped. `flush(attempt_id)` waits until every span recorded so far for
+that attempt is in the store, which is what a runner needs before it reports the attempt finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import defaultdict
+
+from reinforge.store.base import Store
+from reinforge.types import Span
+
+log = logging.getLogger(__name__)
+
+
+class SpanRecorder:
+    """Batching span writer; create, `start()` inside the event loop that serves requests."""
+
+    def __init__(
+        self, store: Store, *, max_queue: int = 4096, max_batch: int = 256, max_retry_delay_s: float = 2.0
+    ) -> None:
+        if max_queue < 1 or max_batch < 1:
+            raise ValueError("max_queue and max_batch must be at least 1")
+        self._store = store
+        self._max_queue = max_queue
+        self._max_batch = max_batch
+        self._max_retry_delay_s = max_retry_delay_s
+        self._queue: asyncio.Queue[Span] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._pending: dict[str, int] = defaultdict(int)
+        """Spans enqueued but not yet stored, per attempt."""
+        self._waiters: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
+        self.written = 0
+        self.write_errors = 0
+
+    def start(self) -> None:
+        if self._task is None:
+            self._queue = asyncio.Queue(self._max_queue)
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="reinforge-span-recorder")
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize() if self._queue is not None else 0
+
+    async def record(self, span: Span) -> None:
+        """Enqueue one span; waits while the queue is full."""
+        if self._queue is None:
+            self.start()
+        assert self._queue is not None
+        self._pending[span.attempt_id] += 1
+        try:
+            await self._queue.put(span)
+        except BaseException:
+            self._done(span.attempt_id, 1)
+            raise
+
+    async def flush(self, attempt_id: str | None = None) -> None:
+        """Wait until the spans recorded so far (for one attempt, or all) are in the store."""
+        keys = [attempt_id] if attempt_id is not None else [k for k, n in self._pending.items() if n]
+        loop = asyncio.get_running_loop()
+        for key in keys:
+            if self._pending.get(key):
+                waiter: asyncio.Future[None] = loop.create_future()
+                self._waiters[key].append(waiter)
+                await waiter
+
+    async def close(self) -> None:
+        """Write everything still queued, then stop the writer."""
+        await self.flush()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _done(self, attempt_id: str, count: int) -> None:
+        left = self._pending[attempt_id] - count
+        if left > 0:
+            self._pending[attempt_id] = left
+            return
+        self._pending.pop(attempt_id, None)
+        for waiter in self._waiters.pop(attempt_id, []):
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        queue = self._queue
+        while True:
+            batch = [await queue.get()]
+            while len(batch) < self._max_batch and not queue.empty():
+                batch.append(queue.get_nowait())
+            await self._write(batch)
+            counts: dict[str, int] = defaultdict(int)
+            for span in batch:
+                counts[span.attempt_id] += 1
+            for attempt_id, count in counts.items():
+                self._done(attempt_id, count)
+
+    async def _write(self, batch: list[Span]) -> None:
+        delay = 0.05
+        while True:
+            try:
+                await self._store.add_spans(batch)
+                self.written += len(batch)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                # add_spans is idempotent by span_id, so retrying a half-applied batch is safe.
+                self.write_errors += 1
+                log.warning(
+                    "writing %d spans to the store failed (%s); retrying in %.2fs", len(batch), exc, delay
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._max_retry_delay_s)

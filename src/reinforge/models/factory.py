@@ -1,0 +1,110 @@
+"""Tiny Llama- and Qwen2-style causal LMs, built from a config and a seed (no downloads).
+
+The sizes default to the ~1.1M-parameter model that learns the calculator task in minutes on a CPU;
+hidden 256 / 6 layers gives the ~6M model the benchmarks use.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from reinforge.errors import InvalidRequestError
+
+
+def _common_config(
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    intermediate_size: int,
+    num_kv_heads: int | None,
+    max_position_embeddings: int,
+) -> dict[str, Any]:
+    if hidden_size % num_heads:
+        raise InvalidRequestError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
+    kv_heads = num_kv_heads or num_heads
+    if num_heads % kv_heads:
+        raise InvalidRequestError(f"num_heads={num_heads} must be divisible by num_kv_heads={kv_heads}")
+    return {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": kv_heads,
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": True,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+
+
+def _seeded(build: type[torch.nn.Module], config: object, seed: int) -> torch.nn.Module:
+    # fork_rng: building a model must not move the caller's global RNG.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = build(config)
+    model.eval()
+    return model
+
+
+def tiny_llama(
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    intermediate_size: int = 512,
+    seed: int = 0,
+    *,
+    num_kv_heads: int | None = None,
+    max_position_embeddings: int = 2048,
+) -> LlamaForCausalLM:
+    """A randomly initialised Llama with tied embeddings sized to `tokenizer`."""
+    kwargs = _common_config(
+        tokenizer,
+        hidden_size,
+        num_layers,
+        num_heads,
+        intermediate_size,
+        num_kv_heads,
+        max_position_embeddings,
+    )
+    model = _seeded(LlamaForCausalLM, LlamaConfig(**kwargs), seed)
+    assert isinstance(model, LlamaForCausalLM)
+    return model
+
+
+def tiny_qwen2(
+    tokenizer: PreTrainedTokenizerBase,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    intermediate_size: int = 512,
+    seed: int = 0,
+    *,
+    num_kv_heads: int | None = None,
+    max_position_embeddings: int = 2048,
+) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2 (biased q/k/v projections) with tied embeddings sized to `tokenizer`."""
+    kwargs = _common_config(
+        tokenizer,
+        hidden_size,
+        num_layers,
+        num_heads,
+        intermediate_size,
+        num_kv_heads,
+        max_position_embeddings,
+    )
+    model = _seeded(Qwen2ForCausalLM, Qwen2Config(**kwargs), seed)
+    assert isinstance(model, Qwen2ForCausalLM)
+    return model

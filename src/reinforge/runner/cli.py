@@ -1,0 +1,144 @@
+"""`reinforge runner`: run an agent on rollouts from a store until stopped.
+
+    reinforge runner --store http://127.0.0.1:8765 --gateway http://127.0.0.1:8765/gateway \\
+        --gateway-secret "$SECRET" --agent mypkg.agents:solve --concurrency 8
+
+Ctrl-C / SIGTERM stops leasing and lets running attempts finish; a second one stops them at once (the
+store retries them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from typing import Annotated
+
+import typer
+
+from reinforge.errors import ReinforgeError
+from reinforge.runner.agent import Agent, load_agent
+from reinforge.runner.command import CommandAgent
+from reinforge.runner.runner import DEFAULT_MODEL, Runner, RunnerStats
+from reinforge.types import RolloutMode
+
+
+def _gateway_url(gateway: str | None, store: str) -> str:
+    if gateway:
+        return gateway
+    if store.startswith(("http://", "https://")):
+        return store.rstrip("/") + "/gateway"  # the trainer mounts the gateway beside the store
+    raise ReinforgeError("--gateway is required unless --store is an http(s) store serving /gateway")
+
+
+async def _serve(runner: Runner, max_rollouts: int | None) -> RunnerStats:
+    stop = asyncio.Event()
+    main = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        if stop.is_set() and main is not None:
+            main.cancel()  # the second signal: stop the running attempts too
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        return await runner.run(max_rollouts=max_rollouts, stop=stop)
+    finally:
+        await runner.store.close()
+
+
+def runner_command(
+    store: Annotated[
+        str,
+        typer.Option("--store", envvar="REINFORGE_STORE", help="Store URL (http(s)://, sqlite:///, ...)."),
+    ],
+    agent: Annotated[
+        str | None, typer.Option("--agent", help="In-process agent as package.module:function (or class).")
+    ] = None,
+    agent_cmd: Annotated[
+        str | None,
+        typer.Option("--agent-cmd", help="Any command, run once per attempt (see docs/agents.md)."),
+    ] = None,
+    gateway: Annotated[
+        str | None,
+        typer.Option(
+            "--gateway", envvar="REINFORGE_GATEWAY_URL", help="Gateway URL; default <store>/gateway."
+        ),
+    ] = None,
+    gateway_secret: Annotated[
+        str | None,
+        typer.Option("--gateway-secret", envvar="REINFORGE_GATEWAY_SECRET", help="Signs attempt tokens."),
+    ] = None,
+    store_token: Annotated[
+        str | None, typer.Option("--store-token", envvar="REINFORGE_STORE_TOKEN", help="HTTP store's token.")
+    ] = None,
+    concurrency: Annotated[int, typer.Option("--concurrency", "-n", min=1, help="Attempts run at once.")] = 1,
+    max_rollouts: Annotated[
+        int | None, typer.Option("--max-rollouts", min=1, help="Exit after this many rollouts.")
+    ] = None,
+    timeout_s: Annotated[
+        float | None, typer.Option("--timeout", min=0.001, help="Seconds one attempt may take.")
+    ] = None,
+    lease_seconds: Annotated[float, typer.Option("--lease-seconds", min=0.1)] = 60.0,
+    mode: Annotated[
+        RolloutMode | None, typer.Option("--mode", help="Only train or only val rollouts.")
+    ] = None,
+    model: Annotated[
+        str, typer.Option("--model", help="Model name when resources name none.")
+    ] = DEFAULT_MODEL,
+    runner_id: Annotated[str | None, typer.Option("--runner-id")] = None,
+    pass_env: Annotated[
+        list[str] | None,
+        typer.Option("--pass-env", help="Extra variable a command agent inherits (repeatable)."),
+    ] = None,
+    log_level: Annotated[str, typer.Option("--log-level")] = "warning",
+) -> None:
+    """Lease rollouts from the store and run the agent on them, N at a time."""
+    from reinforge.store.factory import open_store
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        if (agent is None) == (agent_cmd is None):
+            raise ReinforgeError("give exactly one of --agent module:function or --agent-cmd '...'")
+        if not gateway_secret:
+            raise ReinforgeError("--gateway-secret (or REINFORGE_GATEWAY_SECRET) is required")
+        gateway_url = _gateway_url(gateway, store)
+        the_agent: Agent | CommandAgent
+        if agent_cmd is not None:
+            the_agent = CommandAgent(agent_cmd, timeout_s, pass_env=pass_env or ())
+        else:
+            assert agent is not None
+            sys.path.insert(0, os.getcwd())  # `--agent mymodule:fn` from the current folder, as uvicorn does
+            the_agent = load_agent(agent)
+
+        async def main() -> RunnerStats:
+            opened = await open_store(store, store_token)
+            runner = Runner(
+                opened,
+                the_agent,
+                gateway_url,
+                gateway_secret,
+                concurrency=concurrency,
+                runner_id=runner_id,
+                mode=mode,
+                lease_seconds=lease_seconds,
+                timeout_s=timeout_s,
+                model=model,
+            )
+            return await _serve(runner, max_rollouts)
+
+        stats = asyncio.run(main())
+    except ReinforgeError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(2) from e
+    except asyncio.CancelledError:
+        typer.echo("runner stopped", err=True)
+        raise typer.Exit(130) from None
+    typer.echo(
+        f"runner done: leased {stats.leased}, succeeded {stats.succeeded}, failed {stats.failed} "
+        f"(timed out {stats.timed_out}), stopped {stats.stopped}"
+    )

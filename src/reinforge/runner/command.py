@@ -1,0 +1,225 @@
+"""Agents as commands, in any language: the task goes in through the environment, the reward comes out
+through the gateway's reward URL or a last `REINFORGE_REWARD=<float>` stdout line.
+
+The process runs in its own process group, so a timeout or a cancellation kills everything it started
+(a shell's children, a browser, a sandbox). Its environment is built from an allow-list: it holds the
+attempt's own token and nothing of the trainer's (no store token, no gateway secret).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import signal
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reinforge.errors import InvalidRequestError, ReinforgeError
+from reinforge.runner.llm import LLM
+from reinforge.tracing.api import reward_value
+
+REWARD_LINE_PREFIX = "REINFORGE_REWARD="
+
+INHERITED_ENV = (
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "TERM", "LANG", "LANGUAGE", "LC_ALL", "LC_CTYPE", "TZ",
+    "TMPDIR", "TEMP", "TMP", "PYTHONPATH", "VIRTUAL_ENV", "NODE_PATH", "SSL_CERT_FILE", "SSL_CERT_DIR",
+)  # fmt: skip
+"""What a command inherits from the runner's environment; anything else must be named in `pass_env`."""
+
+MAX_ENV_VALUE_BYTES = 128 * 1024 - 1
+"""Linux refuses a single environment string longer than this (MAX_ARG_STRLEN)."""
+
+_TAIL_BYTES = 8192
+
+
+class AgentProcessError(ReinforgeError):
+    """The agent's command exited with a non-zero status (or could not be started)."""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    exit_code: int
+    reward: float | None
+    """From the last `REINFORGE_REWARD=<float>` line the command printed, if any."""
+    stdout_tail: str
+    stderr_tail: str
+
+
+class _OutputReader:
+    """Reads a stream to its end in chunks (lines may be arbitrarily long), keeping only a bounded
+    tail and the last reward line."""
+
+    def __init__(self) -> None:
+        self.tail = bytearray()
+        self.reward_line: str | None = None
+        self._partial = bytearray()
+
+    def _line(self, line: bytes | bytearray) -> None:
+        text = line.decode(errors="replace").strip()
+        if text.startswith(REWARD_LINE_PREFIX):
+            self.reward_line = text[len(REWARD_LINE_PREFIX) :].strip()
+
+    async def read(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(65536):
+            self.tail += chunk
+            del self.tail[:-_TAIL_BYTES]
+            self._partial += chunk
+            *lines, rest = self._partial.split(b"\n")
+            for line in lines:
+                self._line(line)
+            # A reward line is short; a longer unterminated line can be dropped without losing one.
+            self._partial = bytearray(rest[-4096:])
+        if self._partial:
+            self._line(bytes(self._partial))
+
+    def text(self) -> str:
+        return self.tail.decode(errors="replace")
+
+
+def _kill_group(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+async def _exited(proc: asyncio.subprocess.Process) -> None:
+    """Return when the process itself has exited, whether or not its children still hold its pipes
+    (asyncio's `proc.wait()` also waits for the pipes). Uses a pidfd on Linux, else polls."""
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except ProcessLookupError:
+        return  # already exited and reaped
+    except (AttributeError, OSError):
+        while proc.returncode is None:
+            await asyncio.sleep(0.05)
+        return
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def on_exit() -> None:
+        if not done.done():
+            done.set_result(None)
+
+    loop.add_reader(fd, on_exit)
+    try:
+        await done
+    finally:
+        loop.remove_reader(fd)
+        os.close(fd)
+
+
+class CommandAgent:
+    """Runs `cmd` once per attempt. A string is split like a shell would (no shell features; use
+    `sh -c '...'` for pipes). `timeout_s` bounds one attempt; on timeout or cancellation the process
+    group gets SIGTERM, then SIGKILL after `kill_grace_s`."""
+
+    def __init__(
+        self,
+        cmd: str | Sequence[str],
+        timeout_s: float | None = 600.0,
+        *,
+        name: str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        pass_env: Sequence[str] = (),
+        kill_grace_s: float = 2.0,
+    ) -> None:
+        self.argv = shlex.split(cmd) if isinstance(cmd, str) else list(cmd)
+        if not self.argv:
+            raise InvalidRequestError("the agent command is empty")
+        if timeout_s is not None and timeout_s <= 0:
+            raise InvalidRequestError(f"timeout_s must be positive, got {timeout_s}")
+        self.timeout_s = timeout_s
+        self.name = name
+        self.cwd = cwd
+        self.extra_env = dict(env or {})
+        self.pass_env = tuple(pass_env)
+        self.kill_grace_s = kill_grace_s
+
+    def build_env(self, task: dict[str, Any], llm: LLM, rollout_id: str, attempt_id: str) -> dict[str, str]:
+        """The command's whole environment: the allow-list, `env`, then the attempt's variables."""
+        names = (*INHERITED_ENV, *self.pass_env)
+        env = {k: os.environ[k] for k in names if k in os.environ}
+        env.update(self.extra_env)
+        env.update(
+            {
+                "OPENAI_BASE_URL": llm.base_url,
+                "OPENAI_API_KEY": llm.api_key,
+                "OPENAI_MODEL": llm.model,
+                "REINFORGE_TASK": json.dumps(task),
+                "REINFORGE_RESOURCES": json.dumps(llm.resources),
+                "REINFORGE_REWARD_URL": llm.reward_url,
+                "REINFORGE_ROLLOUT_ID": rollout_id,
+                "REINFORGE_ATTEMPT_ID": attempt_id,
+            }
+        )
+        if llm.resources_version is not None:
+            env["REINFORGE_RESOURCES_VERSION"] = str(llm.resources_version)
+        if llm.agent_name is not None:
+            env["REINFORGE_AGENT_NAME"] = llm.agent_name
+        for key in ("REINFORGE_TASK", "REINFORGE_RESOURCES"):
+            size = len(env[key].encode()) + len(key) + 1
+            if size > MAX_ENV_VALUE_BYTES:
+                raise InvalidRequestError(
+                    f"{key} would be {size} bytes; an environment variable holds at most "
+                    f"{MAX_ENV_VALUE_BYTES}. Keep large data in files the task refers to."
+                )
+        return env
+
+    async def run(self, task: dict[str, Any], llm: LLM, *, rollout_id: str, attempt_id: str) -> CommandResult:
+        """Run the command to its end; cancelling this coroutine kills the whole process group."""
+        env = self.build_env(task, llm, rollout_id, attempt_id)
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=env,
+                cwd=self.cwd,
+                start_new_session=True,  # its own process group (pgid == pid), killed as one
+            )
+        except OSError as e:
+            raise AgentProcessError(f"cannot start agent command {self.argv!r}: {e}") from e
+        assert proc.stdout is not None and proc.stderr is not None
+        out, err = _OutputReader(), _OutputReader()
+        readers = asyncio.gather(out.read(proc.stdout), err.read(proc.stderr))
+        try:
+            await _exited(proc)
+            # Children left behind would keep the pipes open (and `proc.wait()` with them) and
+            # outlive the attempt.
+            _kill_group(proc.pid, signal.SIGKILL)
+            exit_code = await proc.wait()
+            await readers
+        except BaseException:
+            await self._terminate(proc)
+            readers.cancel()
+            raise
+        reward = None
+        if out.reward_line is not None:
+            try:
+                reward = reward_value(float(out.reward_line))
+            except ValueError as e:
+                raise AgentProcessError(
+                    f"bad {REWARD_LINE_PREFIX} line from the agent: {out.reward_line!r}"
+                ) from e
+        return CommandResult(
+            exit_code=exit_code, reward=reward, stdout_tail=out.text(), stderr_tail=err.text()
+        )
+
+    async def _terminate(self, proc: asyncio.subprocess.Process) -> None:
+        _kill_group(proc.pid, signal.SIGTERM)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(proc.wait()), self.kill_grace_s)
+        finally:
+            # Always SIGKILL the group: grandchildren may ignore SIGTERM or outlive their parent.
+            _kill_group(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+
+    def __repr__(self) -> str:
+        return f"CommandAgent({shlex.join(self.argv)!r}, timeout_s={self.timeout_s})"

@@ -1,0 +1,66 @@
+"""Which resources (model name, prompt templates, ...) an attempt runs with.
+
+A rollout tagged with a resources version gets exactly that version (versions are immutable, so they
+are cached forever). An untagged rollout gets the latest version, fetched once per lease batch, so an
+agent sees a new version from the next batch on without a fetch per attempt.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from reinforge.errors import NotFoundError
+from reinforge.store.base import Store
+from reinforge.types import ResourcesVersion, Rollout
+
+
+def model_from_resources(resources: dict[str, Any], default: str) -> str:
+    """The model name agents should ask for: `resources["llm"]["model"]`, else `resources["model"]`."""
+    llm = resources.get("llm")
+    if isinstance(llm, dict) and isinstance(llm.get("model"), str):
+        return str(llm["model"])
+    if isinstance(resources.get("model"), str):
+        return str(resources["model"])
+    return default
+
+
+@dataclass(frozen=True)
+class ResolvedResources:
+    version: int | None
+    """None when the store holds no resources yet."""
+    resources: dict[str, Any]
+
+
+class ResourcesCache:
+    def __init__(self, store: Store) -> None:
+        self._store = store
+        self._versions: dict[int, ResourcesVersion] = {}
+        self._latest: ResourcesVersion | None = None
+        self._have_latest = False
+
+    async def prefetch(self, rollouts: Sequence[Rollout]) -> None:
+        """Refresh the latest version when any rollout of a new lease batch needs it."""
+        if any(r.resources_version is None for r in rollouts):
+            try:
+                self._latest = await self._store.get_resources(None)
+                self._versions[self._latest.version] = self._latest
+            except NotFoundError:
+                self._latest = None
+            self._have_latest = True
+
+    async def get(self, version: int | None) -> ResolvedResources:
+        if version is None:
+            if not self._have_latest:
+                await self.prefetch([Rollout(rollout_id="-")])
+            latest = self._latest
+            if latest is None:
+                return ResolvedResources(None, {})
+            return ResolvedResources(latest.version, latest.resources)
+        found = self._versions.get(version)
+        if found is None:
+            # A missing version is the trainer's bug; the attempt fails (retryably) with a clear error.
+            found = await self._store.get_resources(version)
+            self._versions[version] = found
+        return ResolvedResources(found.version, found.resources)

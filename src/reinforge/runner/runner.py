@@ -1,0 +1,404 @@
+"""The runner: lease rollouts from the store, run the agent on each, report the outcome.
+
+One `Runner` runs up to `concurrency` attempts at once on one event loop (sync agents in a thread
+pool). For each attempt it heartbeats the lease, stops the agent when the store cancels or supersedes
+the attempt, enforces the timeout, makes sure every span of the attempt is in the store (its own
+tracing writer and the gateway's `/flush`), and only then finishes the attempt. The store does the
+retrying: a failed retryable attempt, or a lease that expired because a runner died, is leased again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import os
+import socket
+import traceback
+from collections.abc import Awaitable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import httpx
+
+from reinforge.errors import (
+    InvalidRequestError,
+    NotFoundError,
+    ReinforgeError,
+    StaleAttemptError,
+    StoreUnavailableError,
+)
+from reinforge.gateway.auth import attempt_token
+from reinforge.runner.agent import Agent, AgentFunction, RolloutResult, as_agent
+from reinforge.runner.command import AgentProcessError, CommandAgent
+from reinforge.runner.llm import LLM
+from reinforge.runner.resources import ResourcesCache, model_from_resources
+from reinforge.semconv import (
+    AIR_TIMEOUT,
+    ATTR_AIR_SIGNAL,
+    ATTR_REWARD_VALUE,
+    ATTR_STEP_KIND,
+    SPAN_FINAL_REWARD,
+)
+from reinforge.store.base import Store
+from reinforge.tracing import (
+    AttemptContext,
+    SpanWriter,
+    attempt_scope,
+    emit_reward,
+    get_tracer,
+    install_global_tracer_provider,
+    instrument_threads,
+    reward_value,
+)
+from reinforge.types import AttemptOutcome, AttemptStatus, LeasedRollout, RolloutMode, SpanQuery, new_id
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "reinforge-policy"
+SPAN_TIMEOUT = "reinforge.timeout"
+"""Written when an attempt times out; it carries the `timeout` AIR signal."""
+
+
+@dataclass
+class RunnerStats:
+    """What one `Runner.run` did."""
+
+    leased: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    stopped: int = 0
+    """Attempts abandoned because the store cancelled or superseded them."""
+    errors: list[str] = field(default_factory=list)
+
+
+class _Superseded(Exception):
+    """The store no longer considers this attempt running (cancelled, or its lease expired)."""
+
+
+@dataclass
+class _AttemptState:
+    superseded: bool = False
+
+
+class Runner:
+    """Runs `agent` on rollouts leased from `store`; its LLM calls go to the gateway at `gateway_url`.
+
+    `gateway_secret` signs each attempt's token (see `reinforge.gateway.auth.attempt_token`); the agent
+    only ever sees its own attempt's token. `timeout_s` bounds one attempt when the agent sets none.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        agent: Agent | CommandAgent | AgentFunction,
+        gateway_url: str,
+        gateway_secret: str,
+        *,
+        concurrency: int = 1,
+        runner_id: str | None = None,
+        mode: RolloutMode | None = None,
+        lease_seconds: float = 60.0,
+        heartbeat_seconds: float | None = None,
+        poll_seconds: float = 2.0,
+        timeout_s: float | None = None,
+        retry_on_timeout: bool = False,
+        model: str = DEFAULT_MODEL,
+        drain_timeout_s: float | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise InvalidRequestError(f"concurrency must be at least 1, got {concurrency}")
+        if lease_seconds <= 0 or poll_seconds < 0:
+            raise InvalidRequestError("lease_seconds must be positive and poll_seconds non-negative")
+        if not gateway_secret:
+            raise InvalidRequestError("the runner needs the gateway secret to sign attempt tokens")
+        self.store = store
+        self.agent: Agent | CommandAgent = agent if isinstance(agent, CommandAgent) else as_agent(agent)
+        self.gateway_url = gateway_url.rstrip("/")
+        self._secret = gateway_secret
+        self.concurrency = concurrency
+        self.runner_id = runner_id or f"{socket.gethostname()}-{os.getpid()}-{new_id()[:8]}"
+        self.mode = mode
+        self.lease_seconds = lease_seconds
+        self.heartbeat_seconds = heartbeat_seconds or min(lease_seconds / 3, 5.0)
+        self.poll_seconds = poll_seconds
+        self.timeout_s = timeout_s
+        self.retry_on_timeout = retry_on_timeout
+        self.model = model
+        self.drain_timeout_s = drain_timeout_s
+        self.stats = RunnerStats()
+        self._resources = ResourcesCache(store)
+        self._writer: SpanWriter | None = None
+        self._http: httpx.AsyncClient | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    async def run(self, max_rollouts: int | None = None, stop: asyncio.Event | None = None) -> RunnerStats:
+        """Lease and run rollouts until `max_rollouts` have been run or `stop` is set, then wait for the
+        attempts in flight (up to `drain_timeout_s`) and return."""
+        instrument_threads()
+        install_global_tracer_provider()
+        stop = stop or asyncio.Event()
+        self._writer = await SpanWriter(self.store).start()
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(60.0, connect=10.0),
+            limits=httpx.Limits(max_connections=4, max_keepalive_connections=4),
+            trust_env=False,
+        )
+        self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="reinforge-agent")
+        active: set[asyncio.Task[None]] = set()
+        stop_wait = asyncio.create_task(stop.wait())
+        try:
+            await self._lease_loop(active, stop, stop_wait, max_rollouts)
+        finally:
+            stop_wait.cancel()
+            await self._drain(active)
+            await self._writer.close()
+            await self._http.aclose()
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        return self.stats
+
+    async def _lease_loop(
+        self,
+        active: set[asyncio.Task[None]],
+        stop: asyncio.Event,
+        stop_wait: asyncio.Task[Any],
+        max_rollouts: int | None,
+    ) -> None:
+        backoff = 0.1
+        while not stop.is_set() and (max_rollouts is None or self.stats.leased < max_rollouts):
+            free = self.concurrency - len(active)
+            if free == 0:
+                await asyncio.wait({*active, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            want = free if max_rollouts is None else min(free, max_rollouts - self.stats.leased)
+            lease = asyncio.create_task(
+                self.store.lease_rollouts(
+                    self.runner_id, want, self.lease_seconds, wait_seconds=self.poll_seconds, mode=self.mode
+                )
+            )
+            await asyncio.wait({lease, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if not lease.done():
+                # Stopping: in-process stores give up the wait without leasing; over HTTP a lease the
+                # server already granted expires and the store retries it.
+                lease.cancel()
+                break
+            try:
+                leased = lease.result()
+            except StoreUnavailableError as e:
+                log.warning("leasing failed (%s); retrying in %.1fs", e, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            backoff = 0.1
+            if leased:
+                await self._resources.prefetch([lr.rollout for lr in leased])
+            for lr in leased:
+                self.stats.leased += 1
+                task = asyncio.create_task(self._run_attempt(lr), name=f"attempt-{lr.attempt.attempt_id}")
+                active.add(task)
+                task.add_done_callback(active.discard)
+
+    async def _drain(self, active: set[asyncio.Task[None]]) -> None:
+        if not active:
+            return
+        _, pending = await asyncio.wait(set(active), timeout=self.drain_timeout_s)
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending)
+
+    async def _run_attempt(self, leased: LeasedRollout) -> None:
+        rollout, attempt = leased.rollout, leased.attempt
+        attempt_id = attempt.attempt_id
+        try:
+            resources = await self._resources.get(rollout.resources_version)
+        except ReinforgeError as e:
+            error = f"could not fetch resources version {rollout.resources_version}: {e}"
+            await self._finish(attempt_id, AttemptOutcome(status=AttemptStatus.failed, error=error))
+            return
+        llm = LLM.for_attempt(
+            self.gateway_url,
+            attempt_id,
+            attempt_token(self._secret, attempt_id),
+            model_from_resources(resources.resources, self.model),
+            resources.resources,
+            resources.version,
+        )
+        if self.agent.name is not None:
+            llm = llm.for_agent(self.agent.name)
+        assert self._writer is not None
+        ctx = AttemptContext(
+            rollout_id=rollout.rollout_id,
+            attempt_id=attempt_id,
+            sink=self._writer,
+            agent_name=self.agent.name,
+            resources=resources.resources,
+            resources_version=resources.version,
+        )
+        with attempt_scope(ctx):  # the agent's task copies the context, so its spans are the attempt's
+            work = asyncio.create_task(self._invoke(rollout.task, llm, rollout.rollout_id, attempt_id))
+        state = _AttemptState()
+        heartbeat = asyncio.create_task(self._heartbeat(attempt_id, work, state))
+        try:
+            outcome = await self._outcome(work, ctx, state)
+        except _Superseded:
+            self.stats.stopped += 1
+            log.info("attempt %s was cancelled or superseded; its agent was stopped", attempt_id)
+            await self._flush(llm, attempt_id, strict=False)
+            return
+        except asyncio.CancelledError:
+            # The runner is shutting down past its drain timeout: give the rollout back for a retry.
+            work.cancel()
+            await asyncio.wait({work})  # a command agent's process group is killed by then
+            await asyncio.shield(
+                self._finish(
+                    attempt_id,
+                    AttemptOutcome(status=AttemptStatus.failed, error="the runner stopped", retryable=True),
+                )
+            )
+            raise
+        finally:
+            heartbeat.cancel()
+        try:
+            await self._flush(llm, attempt_id, strict=True)
+        except (httpx.HTTPError, StoreUnavailableError, AgentProcessError) as e:
+            outcome = AttemptOutcome(
+                status=AttemptStatus.failed, error=f"could not flush the attempt's spans: {e}", retryable=True
+            )
+        if outcome.status == AttemptStatus.succeeded and outcome.reward is None:
+            outcome = outcome.model_copy(update={"reward": await self._emitted_final_reward(attempt_id)})
+        await self._finish(attempt_id, outcome)
+
+    async def _invoke(self, task: dict[str, Any], llm: LLM, rollout_id: str, attempt_id: str) -> float | None:
+        """Run the agent once; returns the reward it produced directly (None when it emitted it)."""
+        agent = self.agent
+        if isinstance(agent, CommandAgent):
+            result = await agent.run(task, llm, rollout_id=rollout_id, attempt_id=attempt_id)
+            if result.exit_code != 0:
+                raise AgentProcessError(
+                    f"agent command exited with status {result.exit_code}; stderr tail:\n{result.stderr_tail}"
+                )
+            return result.reward
+        value: RolloutResult
+        if agent.is_async:
+            value = await cast(Awaitable[RolloutResult], agent.rollout(task, llm))
+        else:
+            loop = asyncio.get_running_loop()
+            value = cast(
+                RolloutResult,
+                await loop.run_in_executor(
+                    self._pool, contextvars.copy_context().run, agent.rollout, task, llm
+                ),
+            )
+        if value is None:
+            return None
+        try:
+            return reward_value(value)
+        except InvalidRequestError as e:
+            raise InvalidRequestError(f"the agent returned {value!r}; return a number or None ({e})") from e
+
+    async def _outcome(
+        self, work: asyncio.Task[float | None], ctx: AttemptContext, state: _AttemptState
+    ) -> AttemptOutcome:
+        timeout = self.agent.timeout_s if self.agent.timeout_s is not None else self.timeout_s
+        done, _ = await asyncio.wait({work}, timeout=timeout)
+        if not done:
+            work.cancel()
+            await asyncio.wait({work})
+            if not state.superseded:
+                self.stats.timed_out += 1
+                with attempt_scope(ctx):
+                    get_tracer().start_span(
+                        SPAN_TIMEOUT, attributes={ATTR_STEP_KIND: "custom", ATTR_AIR_SIGNAL: AIR_TIMEOUT}
+                    ).end()
+                return AttemptOutcome(
+                    status=AttemptStatus.failed,
+                    error=f"timed out: the agent did not finish within {timeout}s",
+                    retryable=self.retry_on_timeout,
+                )
+        if state.superseded:
+            raise _Superseded
+        if work.cancelled():
+            raise asyncio.CancelledError
+        exc = work.exception()
+        if exc is not None:
+            # A wrong return type will not fix itself on a retry; anything else might.
+            retryable = not isinstance(exc, InvalidRequestError)
+            return AttemptOutcome(status=AttemptStatus.failed, error=_error_text(exc), retryable=retryable)
+        reward = work.result()
+        if reward is not None:
+            with attempt_scope(ctx):
+                emit_reward(reward, final=True)
+        return AttemptOutcome(status=AttemptStatus.succeeded, reward=reward)
+
+    async def _heartbeat(self, attempt_id: str, work: asyncio.Task[Any], state: _AttemptState) -> None:
+        while not work.done():
+            await asyncio.sleep(self.heartbeat_seconds)
+            try:
+                await self.store.heartbeat(attempt_id, self.lease_seconds)
+            except (StaleAttemptError, NotFoundError):
+                state.superseded = True
+                work.cancel()
+                return
+            except StoreUnavailableError as e:
+                log.warning("heartbeat for %s failed (%s); the lease holds until it expires", attempt_id, e)
+
+    async def _flush(self, llm: LLM, attempt_id: str, *, strict: bool) -> None:
+        """Every span of the attempt in the store: ours from the writer, the gateway's via /flush."""
+        assert self._writer is not None and self._http is not None
+        try:
+            await self._writer.flush()
+            response = await self._http.post(
+                f"{llm.attempt_root}/flush", headers={"Authorization": f"Bearer {llm.api_key}"}
+            )
+            if response.status_code >= 400:
+                raise AgentProcessError(
+                    f"gateway flush answered {response.status_code}: {response.text[:500]}"
+                )
+        except Exception as e:
+            if strict:
+                raise
+            log.warning("flushing spans of %s failed: %s", attempt_id, e)
+
+    async def _emitted_final_reward(self, attempt_id: str) -> float | None:
+        """The last final reward recorded for the attempt (emit_reward(final=True) or the reward URL)."""
+        page = await self.store.query_spans(
+            SpanQuery(attempt_id=attempt_id, name=SPAN_FINAL_REWARD, limit=1000)
+        )
+        for span in reversed(page.items):
+            value = span.attributes.get(ATTR_REWARD_VALUE)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return float(value)
+        return None
+
+    async def _finish(self, attempt_id: str, outcome: AttemptOutcome) -> None:
+        backoff = 0.1
+        for _ in range(6):
+            try:
+                await self.store.finish_attempt(attempt_id, outcome)
+            except StaleAttemptError as e:
+                self.stats.stopped += 1
+                log.info("attempt %s finished too late: %s", attempt_id, e)
+                return
+            except StoreUnavailableError as e:
+                log.warning("finishing %s failed (%s); retrying", attempt_id, e)
+                await asyncio.sleep(backoff)
+                backoff *= 2
+                continue
+            if outcome.status == AttemptStatus.succeeded:
+                self.stats.succeeded += 1
+            else:
+                self.stats.failed += 1
+                if outcome.error:
+                    self.stats.errors.append(outcome.error[-2000:])
+            return
+        log.error(
+            "could not finish attempt %s; its lease will expire and the store will retry it", attempt_id
+        )
+
+
+def _error_text(exc: BaseException) -> str:
+    text = "".join(traceback.format_exception(exc))
+    return text[-65536:]

@@ -1,0 +1,187 @@
+"""`reinforge store serve` and `reinforge store status`.
+
+`serve` puts a run folder's store on the network: it opens the database (SQLite in the run folder
+unless `--db` says otherwise), makes or reuses the bearer token (`<run-dir>/store.token`, 0600), and
+writes the URL it listens on to `<run-dir>/store.url`, so runners and `status` can find it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+import uvicorn
+from rich.console import Console
+from rich.table import Table
+
+from reinforge.errors import ReinforgeError
+from reinforge.store.auth import load_or_create_token, resolve_client_token, token_path
+from reinforge.store.base import Store
+from reinforge.store.server import DEFAULT_MAX_BODY_BYTES, create_store_app
+from reinforge.types import AttemptStatus, RolloutStatus, StoreCounters
+
+URL_FILE_NAME = "store.url"
+DEFAULT_PORT = 8765
+
+store_app = typer.Typer(no_args_is_help=True, help="Serve the store of a run, or inspect one.")
+
+
+def default_db_url(run_dir: Path) -> str:
+    """SQLite in the run folder: the embedded default, durable across server restarts."""
+    return f"sqlite:///{(run_dir / 'store.db').resolve()}"
+
+
+def _run(coro_factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run on uvloop when it is installed (faster HTTP serving), else on asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(coro_factory())
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(coro_factory())
+
+
+@store_app.command("serve")
+def serve(
+    run_dir: Annotated[Path, typer.Option("--run-dir", help="Run folder: token, URL file and default DB.")],
+    db: Annotated[
+        str | None,
+        typer.Option("--db", help="Store URL: sqlite:///path.db, postgresql://..., memory://. "
+                     "Default: sqlite in the run folder."),
+    ] = None,
+    host: Annotated[str, typer.Option("--host", help="Interface; 0.0.0.0 exposes the store.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="0: any free port.", min=0, max=65535)] = DEFAULT_PORT,
+    max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1024)] = DEFAULT_MAX_BODY_BYTES,
+    log_level: Annotated[str, typer.Option("--log-level")] = "warning",
+) -> None:
+    """Serve the run's store over HTTP until interrupted (Ctrl-C / SIGTERM)."""
+    from reinforge.store.factory import open_store
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    db_url = db or default_db_url(run_dir)
+    token = load_or_create_token(run_dir)
+    url_file = run_dir / URL_FILE_NAME
+    url_file.unlink(missing_ok=True)  # a stale URL would point clients at a dead server
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        typer.echo(f"error: cannot listen on {host}:{port}: {exc.strerror}; pick another --port", err=True)
+        raise typer.Exit(2) from exc
+    bound_port = sock.getsockname()[1]
+    shown_host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    url = f"http://{shown_host}:{bound_port}"
+
+    async def open_configured_store() -> Store:
+        return await open_store(db_url)
+
+    app = create_store_app(open_configured_store, token, max_body_bytes=max_body_bytes)
+    config = uvicorn.Config(
+        app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+
+    async def main() -> None:
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not serving.done():
+            await asyncio.sleep(0.02)
+        if server.started:
+            # Written only once the store is open and the socket accepts: its presence means "ready".
+            tmp = url_file.with_suffix(".tmp")
+            tmp.write_text(url + "\n", encoding="utf-8")
+            os.replace(tmp, url_file)
+            typer.echo(f"reinforge store serving {db_url} on {url}")
+            typer.echo(f"  token:     {token_path(run_dir)} (or $REINFORGE_STORE_TOKEN)")
+            typer.echo(f"  dashboard: {url}/dashboard#token={token}", err=False)
+        try:
+            await serving
+        finally:
+            url_file.unlink(missing_ok=True)
+
+    _run(main)
+    if not server.started:
+        typer.echo(f"error: the store server did not start (database {db_url}); see the log above", err=True)
+        raise typer.Exit(1)
+
+
+def _counters_table(counters: StoreCounters) -> Table:
+    table = Table(title="reinforge store", show_header=True)
+    table.add_column("what")
+    table.add_column("count", justify="right")
+    for status in RolloutStatus:
+        table.add_row(f"rollouts {status.value}", str(counters.rollouts_by_status.get(status, 0)))
+    for attempt_status in AttemptStatus:
+        count = counters.attempts_by_status.get(attempt_status, 0)
+        table.add_row(f"attempts {attempt_status.value}", str(count))
+    table.add_row("spans", str(counters.spans))
+    table.add_row("resources versions", str(counters.resources_versions))
+    latest = counters.latest_resources_version
+    table.add_row("latest resources version", "-" if latest is None else str(latest))
+    return table
+
+
+@store_app.command("status")
+def status(
+    store_url: Annotated[
+        str | None,
+        typer.Option("--store", help="http(s)://host:port of a store server, or a database URL. "
+                     "Default: the URL in <run-dir>/store.url."),
+    ] = None,
+    token: Annotated[
+        str | None, typer.Option("--token", help="Default: $REINFORGE_STORE_TOKEN, the run dir's.")
+    ] = None,
+    run_dir: Annotated[Path | None, typer.Option("--run-dir", help="Has store.url, store.token.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the counters as JSON.")] = False,
+) -> None:
+    """Print counts by status, spans and resources versions."""
+    from reinforge.store.factory import open_store
+
+    if store_url is None:
+        if run_dir is None:
+            typer.echo("error: give --store URL or --run-dir DIR", err=True)
+            raise typer.Exit(2)
+        try:
+            store_url = (run_dir / URL_FILE_NAME).read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            typer.echo(f"error: no store serves {run_dir} ({run_dir / URL_FILE_NAME} is missing)", err=True)
+            raise typer.Exit(2) from None
+    resolved_token = resolve_client_token(token, run_dir)
+    url = store_url
+
+    async def fetch() -> StoreCounters:
+        store = await open_store(url, token=resolved_token)
+        try:
+            return await store.counters()
+        finally:
+            with contextlib.suppress(ReinforgeError):
+                await store.close()
+
+    result: list[StoreCounters] = []
+
+    async def main() -> None:
+        result.append(await fetch())
+
+    try:
+        _run(main)
+    except ReinforgeError as exc:
+        typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    counters = result[0]
+    if as_json:
+        typer.echo(counters.model_dump_json(indent=2))
+    else:
+        Console().print(_counters_table(counters))
+
+
+if __name__ == "__main__":
+    store_app()

@@ -1,0 +1,304 @@
+"""`HttpStoreClient`: the `Store` protocol over HTTP, so user code can't tell local from remote.
+
+The server's error envelope is turned back into the same `reinforge.errors` class a local store
+raises; network failures become `StoreUnavailableError`. One pooled keep-alive `httpx.AsyncClient`
+serves every call. Waits longer than the server allows per call are split into several calls, each
+with an HTTP timeout longer than its wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
+
+from reinforge import errors
+from reinforge.store._wire import (
+    MAX_WAIT_SECONDS,
+    AddSpansRequest,
+    AddSpansResponse,
+    EnqueueRequest,
+    HeartbeatRequest,
+    LeaseRequest,
+    PutResourcesRequest,
+    RolloutIdsRequest,
+    WaitRequest,
+)
+from reinforge.store.auth import resolve_client_token
+from reinforge.types import (
+    Attempt,
+    AttemptOutcome,
+    AttemptQuery,
+    LeasedRollout,
+    Page,
+    ResourcesVersion,
+    Rollout,
+    RolloutMode,
+    RolloutQuery,
+    RolloutSpec,
+    Span,
+    SpanQuery,
+    StoreCounters,
+)
+
+_T = TypeVar("_T")
+
+_ROLLOUT = TypeAdapter(Rollout)
+_ROLLOUTS = TypeAdapter(list[Rollout])
+_ATTEMPT = TypeAdapter(Attempt)
+_LEASED = TypeAdapter(list[LeasedRollout])
+_ROLLOUT_PAGE = TypeAdapter(Page[Rollout])
+_ATTEMPT_PAGE = TypeAdapter(Page[Attempt])
+_SPAN_PAGE = TypeAdapter(Page[Span])
+_RESOURCES = TypeAdapter(ResourcesVersion)
+_COUNTERS = TypeAdapter(StoreCounters)
+_ADDED = TypeAdapter(AddSpansResponse)
+
+_ID_CHUNK = 10_000
+"""Id lists longer than this are sent in several calls (keeps each SQL `IN (...)` bounded)."""
+
+_ERRORS_BY_NAME: dict[str, type[errors.ReinforgeError]] = {
+    cls.__name__: cls
+    for cls in vars(errors).values()
+    if isinstance(cls, type) and issubclass(cls, errors.ReinforgeError)
+}
+_ERRORS_BY_STATUS: dict[int, type[errors.ReinforgeError]] = {
+    400: errors.InvalidRequestError,
+    401: errors.AuthenticationError,
+    403: errors.AuthenticationError,
+    404: errors.NotFoundError,
+    409: errors.ConflictError,
+    413: errors.PayloadTooLargeError,
+    422: errors.InvalidRequestError,
+    502: errors.StoreUnavailableError,
+    503: errors.StoreUnavailableError,
+    504: errors.StoreUnavailableError,
+}
+
+
+def error_from_response(response: httpx.Response) -> errors.ReinforgeError:
+    """The typed exception for an error response of the store server (or whatever answered)."""
+    type_name, message = "", ""
+    try:
+        body = response.json()
+        detail = body.get("error") if isinstance(body, dict) else None
+        if isinstance(detail, dict):
+            type_name = str(detail.get("type", ""))
+            message = str(detail.get("message", ""))
+    except ValueError:
+        pass
+    if not message:
+        message = f"HTTP {response.status_code} from {response.request.url}: {response.text[:500]}"
+    cls = _ERRORS_BY_NAME.get(type_name) or _ERRORS_BY_STATUS.get(response.status_code, errors.ReinforgeError)
+    return cls(message)
+
+
+class HttpStoreClient:
+    """A `reinforge.store.base.Store` that talks to `reinforge store serve` (or `create_store_app`).
+
+    `token` defaults to `$REINFORGE_STORE_TOKEN`. `connect_retries` re-sends a call whose connection
+    could not be opened (the request never reached the server, so any call is safe to repeat), which
+    rides over a store server restart.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout_seconds: float = 60.0,
+        connect_retries: int = 5,
+        max_connections: int = 64,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        resolved = resolve_client_token(token)
+        if not resolved:
+            raise errors.AuthenticationError(
+                "no store token: pass token=..., or set REINFORGE_STORE_TOKEN "
+                "(the server wrote it to <run-dir>/store.token)"
+            )
+        self.base_url = base_url.rstrip("/")
+        self._timeout = timeout_seconds
+        self._connect_retries = connect_retries
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {resolved}", "Content-Type": "application/json"},
+            timeout=httpx.Timeout(timeout_seconds, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=transport,
+        )
+
+    async def __aenter__(self) -> HttpStoreClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- transport ------------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        adapter: TypeAdapter[_T],
+        body: BaseModel | None = None,
+        *,
+        wait_seconds: float = 0.0,
+    ) -> _T:
+        try:
+            content = body.__pydantic_serializer__.to_json(body) if body is not None else None
+        except PydanticSerializationError as exc:
+            raise errors.InvalidRequestError(f"{type(body).__name__} holds a value that is not JSON: {exc}") from exc
+        # A long-poll may legitimately take `wait_seconds`; the read timeout must outlast it.
+        timeout = httpx.Timeout(self._timeout + wait_seconds, connect=10.0)
+        for attempt in range(self._connect_retries + 1):
+            try:
+                response = await self._http.request(method, path, content=content, timeout=timeout)
+                break
+            except httpx.ConnectError as exc:
+                if attempt >= self._connect_retries:
+                    raise errors.StoreUnavailableError(
+                        f"cannot reach the store at {self.base_url}: {exc}"
+                    ) from exc
+                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+            except httpx.TransportError as exc:
+                raise errors.StoreUnavailableError(
+                    f"the store at {self.base_url} did not answer {method} {path}: {type(exc).__name__} {exc}"
+                ) from exc
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return adapter.validate_json(response.content)
+
+    @staticmethod
+    def _request(model: type[BaseModel], **fields: Any) -> BaseModel:
+        """Validate on this side too, so a bad argument fails like a local store's would."""
+        try:
+            return model(**fields)
+        except ValidationError as exc:
+            raise errors.InvalidRequestError(str(exc)) from exc
+
+    # -- the Store protocol ---------------------------------------------------------------------
+
+    async def enqueue_rollouts(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
+        body = self._request(EnqueueRequest, specs=list(specs))
+        return await self._call("POST", "/store/rollouts/enqueue", _ROLLOUTS, body)
+
+    async def lease_rollouts(
+        self,
+        runner_id: str,
+        max_rollouts: int = 1,
+        lease_seconds: float = 60.0,
+        wait_seconds: float = 0.0,
+        mode: RolloutMode | None = None,
+    ) -> list[LeasedRollout]:
+        deadline = time.monotonic() + max(0.0, wait_seconds)
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            this_wait = min(remaining, MAX_WAIT_SECONDS)
+            body = self._request(
+                LeaseRequest,
+                runner_id=runner_id,
+                max_rollouts=max_rollouts,
+                lease_seconds=lease_seconds,
+                wait_seconds=this_wait,
+                mode=mode,
+            )
+            leased = await self._call("POST", "/store/rollouts/lease", _LEASED, body, wait_seconds=this_wait)
+            if leased or remaining <= this_wait:
+                return leased
+
+    async def heartbeat(self, attempt_id: str, lease_seconds: float = 60.0) -> Attempt:
+        body = self._request(HeartbeatRequest, lease_seconds=lease_seconds)
+        return await self._call("POST", f"/store/attempts/{_segment(attempt_id)}/heartbeat", _ATTEMPT, body)
+
+    async def finish_attempt(self, attempt_id: str, outcome: AttemptOutcome) -> Rollout:
+        return await self._call("POST", f"/store/attempts/{_segment(attempt_id)}/finish", _ROLLOUT, outcome)
+
+    async def cancel_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        ids = list(rollout_ids)
+        cancelled: list[Rollout] = []
+        for start in range(0, max(len(ids), 1), _ID_CHUNK):
+            body = self._request(RolloutIdsRequest, rollout_ids=ids[start : start + _ID_CHUNK])
+            chunk: list[Rollout] = await self._call("POST", "/store/rollouts/cancel", _ROLLOUTS, body)
+            cancelled.extend(chunk)
+        return cancelled
+
+    async def add_spans(self, spans: Sequence[Span]) -> int:
+        if not spans:
+            return 0
+        body = AddSpansRequest.model_construct(spans=list(spans))  # already validated Span objects
+        result = await self._call("POST", "/store/spans", _ADDED, body)
+        return result.added
+
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        return await self._call("GET", f"/store/rollouts/{_segment(rollout_id)}", _ROLLOUT)
+
+    async def get_attempt(self, attempt_id: str) -> Attempt:
+        return await self._call("GET", f"/store/attempts/{_segment(attempt_id)}", _ATTEMPT)
+
+    async def query_rollouts(self, query: RolloutQuery) -> Page[Rollout]:
+        return await self._call("POST", "/store/rollouts/query", _ROLLOUT_PAGE, query)
+
+    async def query_attempts(self, query: AttemptQuery) -> Page[Attempt]:
+        return await self._call("POST", "/store/attempts/query", _ATTEMPT_PAGE, query)
+
+    async def query_spans(self, query: SpanQuery) -> Page[Span]:
+        return await self._call("POST", "/store/spans/query", _SPAN_PAGE, query)
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
+        ids = list(dict.fromkeys(rollout_ids))
+        deadline = time.monotonic() + max(0.0, timeout_seconds)
+        final: dict[str, Rollout] = {}
+        # Chunks one after the other share one deadline; a final rollout stays final, so rollouts
+        # already seen final need no second look.
+        for start in range(0, len(ids), _ID_CHUNK):
+            chunk = ids[start : start + _ID_CHUNK]
+            while True:
+                remaining = max(0.0, deadline - time.monotonic())
+                this_wait = min(remaining, MAX_WAIT_SECONDS)
+                pending = [i for i in chunk if i not in final]
+                body = self._request(WaitRequest, rollout_ids=pending, timeout_seconds=this_wait)
+                for rollout in await self._call(
+                    "POST", "/store/rollouts/wait", _ROLLOUTS, body, wait_seconds=this_wait
+                ):
+                    final[rollout.rollout_id] = rollout
+                if all(i in final for i in chunk) or remaining <= this_wait:
+                    break
+        return [final[i] for i in ids if i in final]
+
+    async def put_resources(
+        self, resources: dict[str, object], version: int | None = None
+    ) -> ResourcesVersion:
+        body = self._request(PutResourcesRequest, resources=resources, version=version)
+        return await self._call("POST", "/store/resources", _RESOURCES, body)
+
+    async def get_resources(self, version: int | None = None) -> ResourcesVersion:
+        path = "/store/resources/latest" if version is None else f"/store/resources/{int(version)}"
+        return await self._call("GET", path, _RESOURCES)
+
+    async def counters(self) -> StoreCounters:
+        return await self._call("GET", "/store/counters", _COUNTERS)
+
+    async def health(self) -> bool:
+        """True when the server answers its health probe."""
+        try:
+            response = await self._http.get("/health")
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+
+def _segment(value: str) -> str:
+    """An id as one URL path segment (ids are free-form strings; '/' or '?' must not split them)."""
+    if not value:
+        raise errors.InvalidRequestError("an id must not be empty")
+    return quote(value, safe="")

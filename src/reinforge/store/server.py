@@ -1,0 +1,371 @@
+"""The store over HTTP: a FastAPI app that exposes the `Store` protocol one route per operation.
+
+Runners, gateways and trainers on other machines reach the one shared store through this app (and
+`HttpStoreClient` on their side). Bad input never reaches the store as a surprise: bodies are
+size-limited before they are read, validated by the `_wire` models, and every error leaves as
+`{"error": {"type": ..., "message": ...}}` with the status of its `reinforge.errors` class.
+Responses are serialised by pydantic-core straight to bytes, which keeps span-heavy pages cheap.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Annotated, Any, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import TypeAdapter
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from reinforge.dashboard import dashboard_html
+from reinforge.errors import AuthenticationError, ReinforgeError
+from reinforge.store._wire import (
+    AddSpansRequest,
+    AddSpansResponse,
+    EnqueueRequest,
+    ErrorBody,
+    Health,
+    HeartbeatRequest,
+    LeaseRequest,
+    PutResourcesRequest,
+    RolloutIdsRequest,
+    WaitRequest,
+)
+from reinforge.store.auth import tokens_match
+from reinforge.store.base import Store
+from reinforge.types import (
+    MAX_STORED_INT,
+    Attempt,
+    AttemptOutcome,
+    AttemptQuery,
+    LeasedRollout,
+    Page,
+    ResourcesVersion,
+    Rollout,
+    RolloutQuery,
+    Span,
+    SpanQuery,
+    StoreCounters,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+"""Large enough for a thousand fat LLM spans in one batch, small enough to keep memory bounded."""
+
+StoreFactory = Callable[[], Awaitable[Store]]
+"""Opens a store inside the server's event loop (SQL engines and asyncio locks are loop-bound)."""
+
+_T = TypeVar("_T")
+
+_ROLLOUT = TypeAdapter(Rollout)
+_ROLLOUTS = TypeAdapter(list[Rollout])
+_ATTEMPT = TypeAdapter(Attempt)
+_LEASED = TypeAdapter(list[LeasedRollout])
+_ROLLOUT_PAGE = TypeAdapter(Page[Rollout])
+_ATTEMPT_PAGE = TypeAdapter(Page[Attempt])
+_SPAN_PAGE = TypeAdapter(Page[Span])
+_RESOURCES = TypeAdapter(ResourcesVersion)
+_COUNTERS = TypeAdapter(StoreCounters)
+_ADDED = TypeAdapter(AddSpansResponse)
+
+# Module level: FastAPI resolves the (string) annotations of handlers in module globals.
+_BEARER = HTTPBearer(auto_error=False, description="The token from `<run-dir>/store.token`.")
+
+_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody, "description": description}
+    for status, description in [
+        (400, "Malformed JSON or an invalid request"),
+        (401, "Missing or wrong bearer token"),
+        (404, "Unknown id"),
+        (409, "Conflicts with the current state (a superseded attempt, a reused resources version)"),
+        (413, "Body larger than the server's limit"),
+        (422, "Body or parameters fail validation"),
+    ]
+}
+
+
+def _json(adapter: TypeAdapter[_T], value: _T, status_code: int = 200) -> Response:
+    return Response(adapter.dump_json(value), status_code=status_code, media_type="application/json")
+
+
+def _error(status_code: int, type_name: str, message: str, headers: dict[str, str] | None = None) -> Response:
+    body = json.dumps({"error": {"type": type_name, "message": message}}).encode()
+    return Response(body, status_code=status_code, media_type="application/json", headers=headers)
+
+
+def _describe_validation(errors: Sequence[Any]) -> str:
+    """One line per problem, e.g. `body.specs.0.max_attempts: Input should be ...` (first ten)."""
+    parts = []
+    for err in errors[:10]:
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        msg = err.get("msg", "invalid")
+        if err.get("type") == "json_invalid" and err.get("ctx", {}).get("error"):
+            msg = f"malformed JSON: {err['ctx']['error']}"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    if len(errors) > 10:
+        parts.append(f"... and {len(errors) - 10} more")
+    return "; ".join(parts)
+
+
+class BodySizeLimit:
+    """Refuses bodies over `max_body_bytes` with 413 before reading them (pure ASGI, so cheap).
+
+    A declared Content-Length is checked up front; a chunked body is counted as it streams in.
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_body_bytes
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                try:
+                    declared = int(value)
+                except ValueError:
+                    await _error(400, "InvalidRequestError", "Content-Length is not a number")(
+                        scope, receive, send
+                    )
+                    return
+                if declared > limit:
+                    message = f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+                    await _error(413, "PayloadTooLargeError", message)(scope, receive, send)
+                    return
+                break
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise StarletteHTTPException(
+                        413, f"request body exceeds the limit of {limit} bytes"
+                    )
+            return message
+
+        await self.app(scope, limited_receive, send)
+
+
+class _StoreHolder:
+    """Where the routes find the store; filled at start-up when the app was given a factory."""
+
+    def __init__(self, store: Store | None) -> None:
+        self._store = store
+
+    def get(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("the store is not open yet (the app's lifespan has not started)")
+        return self._store
+
+    def set(self, store: Store | None) -> None:
+        self._store = store
+
+
+def create_store_app(
+    store: Store | StoreFactory,
+    token: str,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    """The store's HTTP app.
+
+    `store` is an open store (the caller keeps ownership and closes it), or an async factory that
+    the app calls at start-up and whose store it closes at shutdown. Pass a factory whenever the
+    app runs in another thread's event loop (`BackgroundServer`, `reinforge store serve`).
+    Every route except `/health` and the dashboard page needs `Authorization: Bearer <token>`.
+    """
+    if not token:
+        raise ValueError("the store server needs a non-empty token")
+    if max_body_bytes <= 0:
+        raise ValueError("max_body_bytes must be positive")
+    holder = _StoreHolder(store if isinstance(store, Store) else None)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if isinstance(store, Store):
+            yield
+            return
+        opened = await store()
+        holder.set(opened)
+        try:
+            yield
+        finally:
+            holder.set(None)
+            await opened.close()
+
+    app = FastAPI(
+        title="reinforge store",
+        version="1",
+        description="The shared store of a reinforge run: rollouts, attempts, spans and resources.",
+        lifespan=lifespan,
+    )
+    app.state.store_holder = holder
+    app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
+    _install_error_handlers(app)
+
+    async def require_token(
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+    ) -> None:
+        if credentials is None:
+            raise AuthenticationError("missing bearer token: send 'Authorization: Bearer <store token>'")
+        if not tokens_match(credentials.credentials, token):
+            raise AuthenticationError("wrong bearer token for this store")
+
+    router = APIRouter(prefix="/store", dependencies=[Depends(require_token)], responses=_ERROR_RESPONSES)
+    _add_store_routes(router, holder)
+    app.include_router(router)
+
+    @app.get("/health", response_model=Health, tags=["meta"])
+    async def health() -> Response:
+        """Liveness probe; needs no token and reveals nothing."""
+        return Response(b'{"status":"ok"}', media_type="application/json")
+
+    @app.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
+    async def dashboard() -> HTMLResponse:
+        # The page holds no data; its script reads the token from the URL fragment or asks for it.
+        return HTMLResponse(dashboard_html())
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> RedirectResponse:
+        return RedirectResponse(url="dashboard")
+
+    return app
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def on_reinforge_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ReinforgeError)
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthenticationError) else None
+        if exc.http_status >= 500:
+            logger.warning("store error: %s", exc)
+        return _error(exc.http_status, type(exc).__name__, str(exc), headers)
+
+    async def on_validation_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        errors = exc.errors()
+        if any(err.get("type") == "json_invalid" for err in errors):
+            return _error(400, "InvalidRequestError", _describe_validation(errors))
+        return _error(422, "InvalidRequestError", _describe_validation(errors))
+
+    async def on_http_error(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        type_name = {
+            404: "NotFoundError",
+            413: "PayloadTooLargeError",
+            401: "AuthenticationError",
+        }.get(exc.status_code, "InvalidRequestError" if exc.status_code < 500 else "ReinforgeError")
+        return _error(exc.status_code, type_name, str(exc.detail), getattr(exc, "headers", None))
+
+    async def on_unexpected(_: Request, exc: Exception) -> Response:
+        logger.exception("unexpected error in the store server", exc_info=exc)
+        return _error(500, "ReinforgeError", f"internal error in the store server: {type(exc).__name__}")
+
+    app.add_exception_handler(ReinforgeError, on_reinforge_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_unexpected)
+
+
+def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
+    """One route per `Store` method; the handlers only translate, the store decides.
+
+    Ids are free-form strings, so id segments use the `path` converter: an id holding '/' (sent
+    percent-encoded, decoded before routing) still reaches its route.
+    """
+
+    @router.post("/rollouts/enqueue", response_model=list[Rollout], tags=["rollouts"])
+    async def enqueue_rollouts(body: EnqueueRequest) -> Response:
+        """Add rollouts in one batch (idempotent for specs that carry a rollout_id)."""
+        return _json(_ROLLOUTS, await holder.get().enqueue_rollouts(body.specs))
+
+    @router.post("/rollouts/lease", response_model=list[LeasedRollout], tags=["rollouts"])
+    async def lease_rollouts(body: LeaseRequest) -> Response:
+        """Lease up to max_rollouts queued rollouts, waiting up to wait_seconds for one."""
+        leased = await holder.get().lease_rollouts(
+            body.runner_id,
+            max_rollouts=body.max_rollouts,
+            lease_seconds=body.lease_seconds,
+            wait_seconds=body.wait_seconds,
+            mode=body.mode,
+        )
+        return _json(_LEASED, leased)
+
+    @router.post("/rollouts/cancel", response_model=list[Rollout], tags=["rollouts"])
+    async def cancel_rollouts(body: RolloutIdsRequest) -> Response:
+        return _json(_ROLLOUTS, await holder.get().cancel_rollouts(body.rollout_ids))
+
+    @router.post("/rollouts/wait", response_model=list[Rollout], tags=["rollouts"])
+    async def wait_for_rollouts(body: WaitRequest) -> Response:
+        """Block until every listed rollout is final or the timeout passes; returns the final ones."""
+        done = await holder.get().wait_for_rollouts(body.rollout_ids, body.timeout_seconds)
+        return _json(_ROLLOUTS, done)
+
+    @router.post("/rollouts/query", response_model=Page[Rollout], tags=["rollouts"])
+    async def query_rollouts(body: RolloutQuery) -> Response:
+        return _json(_ROLLOUT_PAGE, await holder.get().query_rollouts(body))
+
+    @router.get("/rollouts/{rollout_id:path}", response_model=Rollout, tags=["rollouts"])
+    async def get_rollout(rollout_id: Annotated[str, Path(min_length=1, max_length=128)]) -> Response:
+        return _json(_ROLLOUT, await holder.get().get_rollout(rollout_id))
+
+    @router.post("/attempts/{attempt_id:path}/heartbeat", response_model=Attempt, tags=["attempts"])
+    async def heartbeat(
+        attempt_id: Annotated[str, Path(min_length=1, max_length=128)], body: HeartbeatRequest
+    ) -> Response:
+        return _json(_ATTEMPT, await holder.get().heartbeat(attempt_id, lease_seconds=body.lease_seconds))
+
+    @router.post("/attempts/{attempt_id:path}/finish", response_model=Rollout, tags=["attempts"])
+    async def finish_attempt(
+        attempt_id: Annotated[str, Path(min_length=1, max_length=128)], body: AttemptOutcome
+    ) -> Response:
+        """Report the end of an attempt; 409 when the attempt was superseded (nothing is counted)."""
+        return _json(_ROLLOUT, await holder.get().finish_attempt(attempt_id, body))
+
+    @router.post("/attempts/query", response_model=Page[Attempt], tags=["attempts"])
+    async def query_attempts(body: AttemptQuery) -> Response:
+        return _json(_ATTEMPT_PAGE, await holder.get().query_attempts(body))
+
+    @router.get("/attempts/{attempt_id:path}", response_model=Attempt, tags=["attempts"])
+    async def get_attempt(attempt_id: Annotated[str, Path(min_length=1, max_length=128)]) -> Response:
+        return _json(_ATTEMPT, await holder.get().get_attempt(attempt_id))
+
+    @router.post("/spans", response_model=AddSpansResponse, tags=["spans"])
+    async def add_spans(body: AddSpansRequest) -> Response:
+        """Insert spans in one batch, idempotent by span_id; `added` counts the new ones."""
+        added = await holder.get().add_spans(body.spans)
+        return _json(_ADDED, AddSpansResponse(added=added))
+
+    @router.post("/spans/query", response_model=Page[Span], tags=["spans"])
+    async def query_spans(body: SpanQuery) -> Response:
+        return _json(_SPAN_PAGE, await holder.get().query_spans(body))
+
+    @router.post("/resources", response_model=ResourcesVersion, tags=["resources"])
+    async def put_resources(body: PutResourcesRequest) -> Response:
+        """Store a resources version (the next number when version is null); 409 on conflicting reuse."""
+        return _json(_RESOURCES, await holder.get().put_resources(body.resources, version=body.version))
+
+    @router.get("/resources/latest", response_model=ResourcesVersion, tags=["resources"])
+    async def get_latest_resources() -> Response:
+        return _json(_RESOURCES, await holder.get().get_resources(None))
+
+    @router.get("/resources/{version}", response_model=ResourcesVersion, tags=["resources"])
+    async def get_resources(version: Annotated[int, Path(ge=0, le=MAX_STORED_INT)]) -> Response:
+        return _json(_RESOURCES, await holder.get().get_resources(version))
+
+    @router.get("/counters", response_model=StoreCounters, tags=["meta"])
+    async def counters() -> Response:
+        """Counts by status, spans and resources versions (for `reinforge store status`, the dashboard)."""
+        return _json(_COUNTERS, await holder.get().counters())

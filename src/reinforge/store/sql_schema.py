@@ -1,0 +1,158 @@
+"""The SQL tables of the store and the conversions between their rows and the pydantic models.
+
+Columns exist for what queries filter or order on; everything else (a task, span attributes and
+events) is one JSON text column, written once with pydantic's serializer and read back the same way.
+A span is stored whole as JSON, so reading a page of spans is one parse per span, no joins.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+)
+
+from reinforge.types import (
+    Attempt,
+    AttemptStatus,
+    ResourcesVersion,
+    Rollout,
+    RolloutMode,
+    RolloutStatus,
+    Span,
+)
+
+# SQLite only auto-numbers a column declared exactly INTEGER PRIMARY KEY.
+_Serial = BigInteger().with_variant(Integer(), "sqlite")
+
+metadata = MetaData()
+
+rollouts = Table(
+    "rollouts",
+    metadata,
+    Column("seq", _Serial, primary_key=True, autoincrement=True),
+    Column("rollout_id", String(128), nullable=False, unique=True),
+    Column("status", String(16), nullable=False),
+    Column("mode", String(8), nullable=False),
+    Column("task_id", String(128)),
+    Column("group_id", String(128)),
+    Column("resources_version", Integer),
+    Column("max_attempts", Integer, nullable=False),
+    Column("attempt_count", Integer, nullable=False),
+    Column("current_attempt_id", String(64)),
+    Column("reward", Float),
+    Column("error", Text),
+    Column("created_at", Float, nullable=False),
+    Column("updated_at", Float, nullable=False),
+    Column("finished_at", Float),
+    Column("task", Text, nullable=False),
+    Column("metadata", Text, nullable=False),
+    # The lease scans queued rollouts oldest first; the others serve the query filters.
+    Index("ix_rollouts_status_seq", "status", "seq"),
+    Index("ix_rollouts_group", "group_id"),
+    Index("ix_rollouts_task", "task_id"),
+)
+
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("attempt_id", String(64), primary_key=True),
+    Column("rollout_seq", BigInteger, nullable=False),
+    Column("rollout_id", String(128), nullable=False),
+    Column("attempt_no", Integer, nullable=False),
+    Column("runner_id", String(256), nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("started_at", Float, nullable=False),
+    Column("lease_deadline", Float, nullable=False),
+    Column("last_heartbeat", Float, nullable=False),
+    Column("finished_at", Float),
+    Column("reward", Float),
+    Column("error", Text),
+    # Expiry looks for running attempts past their deadline; queries list attempts by rollout.
+    Index("ix_attempts_status_deadline", "status", "lease_deadline"),
+    Index("ix_attempts_rollout", "rollout_seq", "attempt_no"),
+    Index("ix_attempts_runner", "runner_id"),
+)
+
+spans = Table(
+    "spans",
+    metadata,
+    Column("sequence", _Serial, primary_key=True, autoincrement=True),
+    Column("span_id", String(16), nullable=False, unique=True),
+    Column("trace_id", String(32), nullable=False),
+    Column("rollout_id", String(128), nullable=False),
+    Column("attempt_id", String(128), nullable=False),
+    Column("name", String(512), nullable=False),
+    Column("body", Text, nullable=False),
+    Index("ix_spans_rollout", "rollout_id", "sequence"),
+    Index("ix_spans_attempt", "attempt_id", "sequence"),
+    Index("ix_spans_trace", "trace_id", "sequence"),
+    Index("ix_spans_name", "name", "sequence"),
+)
+
+resources = Table(
+    "resources",
+    metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("body", Text, nullable=False),
+    Column("created_at", Float, nullable=False),
+)
+
+
+def rollout_from_row(row: Any) -> Rollout:
+    m = row._mapping
+    return Rollout(
+        rollout_id=m["rollout_id"],
+        task=json.loads(m["task"]),
+        task_id=m["task_id"],
+        mode=RolloutMode(m["mode"]),
+        group_id=m["group_id"],
+        resources_version=m["resources_version"],
+        status=RolloutStatus(m["status"]),
+        max_attempts=m["max_attempts"],
+        attempt_count=m["attempt_count"],
+        reward=m["reward"],
+        error=m["error"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+        finished_at=m["finished_at"],
+        metadata=json.loads(m["metadata"]),
+    )
+
+
+def attempt_from_row(row: Any) -> Attempt:
+    m = row._mapping
+    return Attempt(
+        attempt_id=m["attempt_id"],
+        rollout_id=m["rollout_id"],
+        attempt_no=m["attempt_no"],
+        runner_id=m["runner_id"],
+        status=AttemptStatus(m["status"]),
+        started_at=m["started_at"],
+        lease_deadline=m["lease_deadline"],
+        last_heartbeat=m["last_heartbeat"],
+        finished_at=m["finished_at"],
+        reward=m["reward"],
+        error=m["error"],
+    )
+
+
+def span_from_row(row: Any) -> Span:
+    span = Span.model_validate_json(row._mapping["body"])
+    span.sequence = row._mapping["sequence"]
+    return span
+
+
+def resources_from_row(row: Any) -> ResourcesVersion:
+    m = row._mapping
+    return ResourcesVersion(version=m["version"], resources=json.loads(m["body"]), created_at=m["created_at"])

@@ -1,0 +1,83 @@
+"""The trainer's settings: one validated object, also readable from the `[trainer]` table of a TOML file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class LoraSettings(BaseModel):
+    """Train low-rank adapters (peft) instead of every weight; the engine gets merged weights."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(default=8, ge=1)
+    alpha: int = Field(default=16, ge=1)
+    dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+
+
+class TrainerConfig(BaseModel):
+    """How a Trainer runs.
+
+    Attributes:
+        run_dir: where the store database, checkpoints, metrics and the reward curve go.
+        store_url: the store; None means SQLite at `<run_dir>/store.db`.
+        max_steps: RL steps (policy updates) to run at most.
+        max_minutes: stop after this much RL wall time (None: no time limit); validation time counts.
+        tasks_per_step: distinct tasks per step; each runs `group_size` times (from the algorithm).
+        learning_rate / weight_decay / max_grad_norm: the AdamW optimiser of the policy update.
+        epochs_per_batch: passes over one step's transitions (> 1 makes the PPO ratio and TIS matter).
+        micro_batch_tokens: the most (padded) tokens in one forward/backward; gradients accumulate.
+        temperature: the sampling temperature of training rollouts (and of "sampled" validation).
+        max_tokens: the most tokens one LLM call may generate (given to the agent as a resource).
+        val_every: validate every N steps (0: only before and after training).
+        val_greedy: also validate with greedy decoding.
+        checkpoint_every: checkpoint every N steps (0: only at the end); `resume` picks the latest.
+        keep_checkpoints: how many checkpoints to keep on disk.
+        runners: in-process runners; each runs up to `runner_concurrency` attempts at once.
+        rollout_timeout_s: the most one attempt may take.
+        step_timeout_s: the most one step's rollouts may take before the stragglers are cancelled.
+        lora: train LoRA adapters instead of the full model.
+        seed: seeds data order, sampling and initialisation, so a run is reproducible.
+        resume: continue from the latest checkpoint in run_dir when there is one.
+        engine_max_batch_size: sequences the embedded engine decodes together.
+        engine_max_seq_len: the longest prompt + completion the engine serves (sizes its KV cache).
+        progress: show a progress bar on the terminal.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_dir: Path = Path("runs/latest")
+    store_url: str | None = None
+    max_steps: int = Field(default=100, ge=0)
+    max_minutes: float | None = Field(default=None, gt=0)
+    tasks_per_step: int = Field(default=16, ge=1)
+    learning_rate: float = Field(default=3e-4, gt=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    epochs_per_batch: int = Field(default=1, ge=1)
+    micro_batch_tokens: int = Field(default=8192, ge=64)
+    temperature: float = Field(default=1.0, gt=0)
+    max_tokens: int = Field(default=64, ge=1)
+    val_every: int = Field(default=10, ge=0)
+    val_greedy: bool = True
+    checkpoint_every: int = Field(default=10, ge=0)
+    keep_checkpoints: int = Field(default=2, ge=1)
+    runners: int = Field(default=1, ge=1)
+    runner_concurrency: int = Field(default=64, ge=1)
+    rollout_timeout_s: float = Field(default=120.0, gt=0)
+    step_timeout_s: float = Field(default=600.0, gt=0)
+    lora: LoraSettings | None = None
+    seed: int = 0
+    resume: bool = True
+    engine_max_batch_size: int = Field(default=64, ge=1)
+    engine_max_seq_len: int = Field(default=512, ge=16)
+    progress: bool = True
+
+    @property
+    def store_location(self) -> str:
+        return self.store_url or f"sqlite:///{(self.run_dir / 'store.db').resolve()}"

@@ -1,0 +1,87 @@
+"""Training metrics: one JSON line per step (the source of truth), TensorBoard scalars, the reward curve.
+
+The JSONL file is appended and flushed every step, so a killed run keeps its history; on resume the
+lines past the checkpoint's step are dropped, so the history matches the restored state.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from reinforge.errors import InvalidRequestError
+
+
+class MetricsLog:
+    """Append-only metrics for one run directory: `metrics.jsonl` and `tensorboard/`."""
+
+    def __init__(self, run_dir: Path, *, tensorboard: bool = True) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run_dir / "metrics.jsonl"
+        self._writer: Any = None
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def truncate_after(self, step: int) -> None:
+        """Drop records of steps after `step` (they belong to work a resume redoes)."""
+        kept = [r for r in self.records() if int(r.get("step", 0)) <= step]
+        self.path.write_text("".join(json.dumps(r) + "\n" for r in kept), encoding="utf-8")
+
+    def log(self, step: int, values: Mapping[str, Any]) -> None:
+        record: dict[str, Any] = {"step": step, **values}
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._writer is not None:
+            for key, value in values.items():
+                if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
+                    self._writer.add_scalar(key, value, step)
+            self._writer.flush()
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.path.is_file():
+            return []
+        return [
+            json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()
+        ]
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
+def plot_reward_curve(records: list[dict[str, Any]], out: Path, title: str = "reinforge training") -> Path:
+    """Training reward per step, and held-out success where validation ran, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display needed; must precede pyplot's import
+    import matplotlib.pyplot as plt
+
+    train = [(r["step"], r["train/reward"]) for r in records if "train/reward" in r]
+    if not train:
+        raise InvalidRequestError("no training steps recorded yet: nothing to plot")
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([s for s, _ in train], [v for _, v in train], label="train reward (sampled)", alpha=0.6)
+    for key, label in (
+        ("val/success", "held-out success (sampled)"),
+        ("val/greedy_success", "held-out (greedy)"),
+    ):
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if points:
+            ax.plot([s for s, _ in points], [v for _, v in points], marker="o", label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("reward / success")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right")
+    ax.set_title(title)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

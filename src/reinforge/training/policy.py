@@ -1,0 +1,274 @@
+"""The policy update: any Hugging Face causal LM, full or LoRA, trained on transitions with advantages.
+
+One `update` is one optimiser step per epoch over a step's transitions: micro-batches by token budget,
+gradients accumulated with loss scales computed once over the whole batch (so the result does not
+depend on how the batch was split), the clipped policy-gradient loss from `reinforge.algorithms` with
+the gateway's behaviour logprobs, and for PPO a value head trained alongside.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from reinforge.algorithms import (
+    PPO,
+    Algorithm,
+    ValueHead,
+    collate_transitions,
+    compute_token_logprobs,
+    loss_scales,
+    policy_loss,
+    value_loss,
+)
+from reinforge.errors import InvalidRequestError
+from reinforge.training.config import LoraSettings
+from reinforge.training.microbatch import micro_batches
+from reinforge.types import Transition
+
+_ADDITIVE = frozenset({"loss/policy", "loss/total", "value/loss", "tokens"})
+
+
+def wrap_lora(model: PreTrainedModel, settings: LoraSettings) -> torch.nn.Module:
+    """Freeze `model` and add LoRA adapters (peft) on the configured projections."""
+    from peft import LoraConfig, get_peft_model
+
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [m for m in settings.target_modules if m not in present]
+    if missing:
+        raise InvalidRequestError(
+            f"LoRA target modules {missing} are not in the model; it has e.g. {sorted(present)[:12]}"
+        )
+    config = LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+class Policy:
+    """The trainable policy and its optimiser; see the module docstring."""
+
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        algorithm: Algorithm,
+        *,
+        pad_token_id: int,
+        learning_rate: float,
+        weight_decay: float = 0.0,
+        max_grad_norm: float | None = 1.0,
+        micro_batch_tokens: int = 8192,
+        epochs_per_batch: int = 1,
+        temperature: float = 1.0,
+        lora: LoraSettings | None = None,
+    ) -> None:
+        self.algorithm = algorithm
+        self.pad_token_id = pad_token_id
+        self.max_grad_norm = max_grad_norm
+        self.micro_batch_tokens = micro_batch_tokens
+        self.epochs_per_batch = epochs_per_batch
+        self.temperature = temperature
+        self.lora = lora
+        self.model: torch.nn.Module = wrap_lora(model, lora) if lora is not None else model
+        self.model.train()
+        self.value_head: ValueHead | None = None
+        if isinstance(algorithm, PPO):
+            self.value_head = ValueHead(int(model.config.hidden_size))
+        # The reference policy for the KL penalty is the starting policy, frozen. With LoRA it is the
+        # base model with adapters disabled, so no copy is needed.
+        self._reference: torch.nn.Module | None = None
+        if algorithm.kl_coef > 0 and lora is None:
+            self._reference = copy.deepcopy(model).eval().requires_grad_(False)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        if self.value_head is not None:
+            params += list(self.value_head.parameters())
+        self.optimizer = torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay)
+
+    # ---- weights for the engine and for checkpoints ---------------------------------------------
+
+    def engine_state(self) -> dict[str, torch.Tensor]:
+        """Weights in the base model's names, as the engine loads them (LoRA merged in)."""
+        if self.lora is None:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        merged = copy.deepcopy(self.model).merge_and_unload()  # type: ignore[operator]
+        return {k: v.detach() for k, v in merged.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "value_head": self.value_head.state_dict() if self.value_head is not None else None,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.value_head is not None:
+            if state.get("value_head") is None:
+                raise InvalidRequestError("the checkpoint has no value head, but the algorithm is PPO")
+            self.value_head.load_state_dict(state["value_head"])
+
+    # ---- PPO's critic ----------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def values(self, transitions: Sequence[Transition]) -> list[float]:
+        """The value head's estimate for each transition's state (its last prompt token)."""
+        if self.value_head is None:
+            raise InvalidRequestError(f"{type(self.algorithm).__name__} has no value head")
+        out = [0.0] * len(transitions)
+        for indices in micro_batches(transitions, self.micro_batch_tokens):
+            batch = collate_transitions([transitions[i] for i in indices], self.pad_token_id)
+            lp = compute_token_logprobs(
+                self.model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.response_mask,
+                with_hidden_states=True,
+            )
+            assert lp.hidden_states is not None
+            values = self.value_head(lp.hidden_states, batch.prompt_lengths - 1)
+            for row, i in enumerate(indices):
+                out[i] = float(values[row])
+        return out
+
+    # ---- the update ------------------------------------------------------------------------------
+
+    @contextmanager
+    def _reference_model(self) -> Iterator[torch.nn.Module]:
+        if self._reference is not None:
+            yield self._reference
+            return
+        with self.model.disable_adapter():  # type: ignore[operator]
+            yield self.model
+
+    def update(
+        self, transitions: Sequence[Transition], returns: Sequence[float] | None = None
+    ) -> dict[str, float]:
+        """One optimiser step per epoch over `transitions` (advantages filled); returns metrics.
+
+        `returns` are PPO's value targets, aligned with `transitions`.
+        """
+        trained = [t for t in transitions if any(t.response_mask)]
+        if not trained:
+            return {"update/skipped": 1.0}
+        if any(t.advantage is None for t in trained):
+            raise InvalidRequestError("every transition needs an advantage before the policy update")
+        if self.value_head is not None and (returns is None or len(returns) != len(transitions)):
+            raise InvalidRequestError("PPO's update needs one value target (return) per transition")
+        targets = (
+            [r for t, r in zip(transitions, returns, strict=True) if any(t.response_mask)]
+            if returns is not None
+            else None
+        )
+        scales = loss_scales(trained, self.algorithm)
+        groups = micro_batches(trained, self.micro_batch_tokens)
+        old: dict[int, torch.Tensor] = {}
+        old_values: dict[int, torch.Tensor] = {}
+        sums: dict[str, float] = {}
+        weights: dict[str, float] = {}
+        self.model.train()
+        grad_norm = 0.0
+        for epoch in range(self.epochs_per_batch):
+            self.optimizer.zero_grad(set_to_none=True)
+            for g, indices in enumerate(groups):
+                metrics = self._micro_step(trained, indices, scales, targets, g, epoch, old, old_values)
+                tokens = metrics.get("tokens", 0.0)
+                for key, value in metrics.items():
+                    if key == "tokens" or key in _ADDITIVE:
+                        # Already scaled parts of the batch's loss: they add up across micro-batches.
+                        sums[key] = sums.get(key, 0.0) + value
+                        continue
+                    # Everything else: token-weighted means over the micro-batches.
+                    sums[key] = sums.get(key, 0.0) + value * tokens
+                    weights[key] = weights.get(key, 0.0) + tokens
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            if self.max_grad_norm is not None:
+                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+            else:
+                grad_norm = float(
+                    torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
+                )
+            if not math.isfinite(grad_norm):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise InvalidRequestError("the policy gradient is not finite; lower the learning rate")
+            self.optimizer.step()
+        self.model.eval()
+        epochs = self.epochs_per_batch
+        out = {k: (v / weights[k] if weights.get(k) else v / epochs) for k, v in sums.items()}
+        out["update/grad_norm"] = grad_norm
+        out["update/micro_batches"] = float(len(groups))
+        out["update/transitions"] = float(len(trained))
+        return out
+
+    def _micro_step(
+        self,
+        trained: Sequence[Transition],
+        indices: list[int],
+        scales: Sequence[float],
+        targets: Sequence[float] | None,
+        group: int,
+        epoch: int,
+        old: dict[int, torch.Tensor],
+        old_values: dict[int, torch.Tensor],
+    ) -> dict[str, float]:
+        batch = collate_transitions([trained[i] for i in indices], self.pad_token_id)
+        lp = compute_token_logprobs(
+            self.model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.response_mask,
+            temperature=self.temperature,
+            with_entropy=True,
+            with_hidden_states=self.value_head is not None,
+        )
+        # π_old is the policy before this update: the first epoch's own forward pass, so no extra one.
+        if epoch == 0:
+            old[group] = lp.logprobs.detach()
+        ref = None
+        if self.algorithm.kl_coef > 0:
+            with torch.no_grad(), self._reference_model() as reference:
+                ref = compute_token_logprobs(
+                    reference,
+                    batch.input_ids,
+                    batch.attention_mask,
+                    batch.response_mask,
+                    temperature=self.temperature,
+                ).logprobs
+        scale = torch.tensor([scales[i] for i in indices], dtype=torch.float32)
+        loss, metrics = policy_loss(
+            lp.logprobs,
+            batch.behaviour_logprobs,
+            batch.advantages,
+            batch.response_mask,
+            self.algorithm,
+            old_logprobs=old[group],
+            ref_logprobs=ref,
+            scales=scale,
+            entropy=lp.entropy,
+        )
+        if self.value_head is not None and isinstance(self.algorithm, PPO):
+            assert lp.hidden_states is not None and targets is not None
+            values = self.value_head(lp.hidden_states, batch.prompt_lengths - 1)
+            if epoch == 0:
+                old_values[group] = values.detach()
+            v_loss, v_metrics = value_loss(
+                values,
+                torch.tensor([targets[i] for i in indices]),
+                self.algorithm,
+                old_values=old_values[group],
+                scales=torch.full((len(indices),), 1.0 / len(trained)),
+            )
+            loss = loss + v_loss
+            metrics.update(v_metrics)
+        loss.backward()
+        return metrics

@@ -1,0 +1,139 @@
+"""Run a batch of rollouts through the store and read them back as transitions.
+
+The trainer never runs agents itself: it enqueues rollout specs (tagged with a resources version and,
+for training, a group id per task) and waits for runners to finish them. Stragglers past the step's
+deadline are cancelled, so one stuck agent can't stall training.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from reinforge.credit import CreditConfig, CreditMetrics, build_transitions
+from reinforge.store.base import Store
+from reinforge.types import (
+    MAX_PAGE_SIZE,
+    Attempt,
+    AttemptQuery,
+    Rollout,
+    RolloutMode,
+    RolloutQuery,
+    RolloutSpec,
+    RolloutStatus,
+    Span,
+    SpanQuery,
+    Transition,
+)
+
+
+def task_key(task: dict[str, Any], index: int) -> str:
+    """A task's id for grouping and reports: its own `task_id`/`id` field, else its dataset index."""
+    for key in ("task_id", "id"):
+        value = task.get(key)
+        if isinstance(value, str | int) and str(value):
+            return str(value)[:128]
+    return f"task-{index}"
+
+
+async def run_rollouts(
+    store: Store,
+    tasks: Sequence[tuple[int, dict[str, Any]]],
+    *,
+    prefix: str,
+    group_size: int,
+    mode: RolloutMode,
+    resources_version: int,
+    timeout_s: float,
+    max_attempts: int = 2,
+) -> list[Rollout]:
+    """Enqueue each (dataset index, task) `group_size` times and return the rollouts once final.
+
+    Rollout ids are `prefix`-based, so they are unique per run session and step.
+    """
+    specs = [
+        RolloutSpec(
+            rollout_id=f"{prefix}-{n}-{g}",
+            task=task,
+            task_id=task_key(task, index),
+            mode=mode,
+            group_id=f"{prefix}-{n}",
+            resources_version=resources_version,
+            max_attempts=max_attempts,
+        )
+        for n, (index, task) in enumerate(tasks)
+        for g in range(group_size)
+    ]
+    rollouts = await store.enqueue_rollouts(specs)
+    ids = [r.rollout_id for r in rollouts]
+    finished = {r.rollout_id: r for r in await store.wait_for_rollouts(ids, timeout_s)}
+    late = [i for i in ids if i not in finished]
+    if late:
+        for r in await store.cancel_rollouts(late):
+            finished[r.rollout_id] = r
+    return [finished[i] for i in ids if i in finished]
+
+
+async def cancel_unfinished(store: Store) -> int:
+    """Cancel rollouts a previous (killed) session left queued or running; returns how many."""
+    cancelled = 0
+    while True:
+        page = await store.query_rollouts(
+            RolloutQuery(statuses=[RolloutStatus.queued, RolloutStatus.running], limit=MAX_PAGE_SIZE)
+        )
+        if not page.items:
+            return cancelled
+        done = await store.cancel_rollouts([r.rollout_id for r in page.items])
+        cancelled += len(done)
+        if len(done) == 0:
+            return cancelled
+
+
+async def _all_spans(store: Store, rollout_id: str) -> list[Span]:
+    spans: list[Span] = []
+    offset: int | None = 0
+    while offset is not None:
+        page = await store.query_spans(SpanQuery(rollout_id=rollout_id, limit=MAX_PAGE_SIZE, offset=offset))
+        spans += page.items
+        offset = page.next_offset
+    return spans
+
+
+async def _attempts(store: Store, rollout_id: str) -> list[Attempt]:
+    page = await store.query_attempts(AttemptQuery(rollout_id=rollout_id, limit=MAX_PAGE_SIZE))
+    return page.items
+
+
+async def collect_transitions(
+    store: Store, rollouts: Sequence[Rollout], credit: CreditConfig
+) -> tuple[list[Transition], CreditMetrics]:
+    """Transitions of every final rollout, with the credit metrics summed over them."""
+    transitions: list[Transition] = []
+    total = CreditMetrics()
+    for rollout in rollouts:
+        if not rollout.status.is_final:
+            continue
+        spans = await _all_spans(store, rollout.rollout_id)
+        attempts = await _attempts(store, rollout.rollout_id)
+        found, metrics = build_transitions(rollout, spans, credit, attempts=attempts)
+        transitions += found
+        total = total + metrics
+    return transitions, total
+
+
+def success_rate(rollouts: Sequence[Rollout], threshold: float = 1.0) -> float:
+    """Share of rollouts whose reward reached `threshold` (failed or cancelled ones count as misses)."""
+    if not rollouts:
+        return 0.0
+    hits = sum(
+        1
+        for r in rollouts
+        if r.status == RolloutStatus.succeeded and r.reward is not None and r.reward >= threshold
+    )
+    return hits / len(rollouts)
+
+
+def mean_reward(rollouts: Sequence[Rollout]) -> float:
+    if not rollouts:
+        return 0.0
+    return sum(r.reward or 0.0 for r in rollouts) / len(rollouts)

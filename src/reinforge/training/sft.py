@@ -1,0 +1,173 @@
+"""Supervised fine-tuning on chat conversations: the warm start before RL.
+
+Conversations are rendered with the tokenizer's own chat template, and only the tokens the assistant
+produced (what the engine will later generate, end-of-turn token included) carry loss. Rendering goes
+through the same template the engine uses for prompts, so a warm-started model sees at RL time exactly
+the token sequences it was trained on.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from reinforge.errors import InvalidRequestError
+
+
+class SftConfig(BaseModel):
+    """Hyper-parameters of the warm start. The defaults are what a 1M-parameter model needs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    learning_rate: float = Field(default=3e-3, gt=0)
+    batch_size: int = Field(default=64, ge=1)
+    steps: int = Field(default=300, ge=1)
+    warmup_steps: int = Field(default=20, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_seconds: float | None = Field(default=None, gt=0)
+    """Stop early after this much wall time (the schedule still decays over `steps`)."""
+    seed: int = 0
+
+
+class SftExample(BaseModel):
+    """One rendered conversation: token ids and which of them are trained (1) or context (0)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+class SftReport(BaseModel):
+    steps: int
+    seconds: float
+    first_loss: float
+    last_loss: float
+
+
+def _render_ids(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    add_generation_prompt: bool,
+) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        list(messages),
+        tools=list(tools) if tools is not None else None,
+        add_generation_prompt=add_generation_prompt,
+        tokenize=False,
+    )
+    assert isinstance(text, str)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def render_conversation(
+    tokenizer: PreTrainedTokenizerBase,
+    messages: Sequence[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+) -> SftExample:
+    """Token ids of the whole conversation and a mask over the assistant's own tokens.
+
+    Each assistant turn's tokens are what follows the generation prompt for the turns before it, so
+    the mask marks exactly what the engine would have generated. A template that is not prefix-stable
+    (re-rendering history differently) is an error, because training on such data would teach the
+    model tokens it never sees at inference.
+    """
+    full = _render_ids(tokenizer, messages, tools, add_generation_prompt=False)
+    mask = [0] * len(full)
+    for i, message in enumerate(messages):
+        if message.get("role") != "assistant":
+            continue
+        prompt = _render_ids(tokenizer, messages[:i], tools, add_generation_prompt=True)
+        upto = _render_ids(tokenizer, messages[: i + 1], tools, add_generation_prompt=False)
+        if full[: len(upto)] != upto or upto[: len(prompt)] != prompt:
+            raise InvalidRequestError(
+                "the chat template is not prefix-stable: rendering a shorter history changes its tokens"
+            )
+        for pos in range(len(prompt), len(upto)):
+            mask[pos] = 1
+    if not any(mask):
+        raise InvalidRequestError("a conversation for supervised training needs at least one assistant turn")
+    return SftExample(input_ids=full, loss_mask=mask)
+
+
+def _collate(batch: Sequence[SftExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    width = max(len(ex.input_ids) for ex in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.float32)
+    for row, ex in enumerate(batch):
+        n = len(ex.input_ids)
+        ids[row, :n] = torch.tensor(ex.input_ids)
+        attention[row, :n] = 1
+        mask[row, :n] = torch.tensor(ex.loss_mask, dtype=torch.float32)
+    return ids, attention, mask
+
+
+def masked_lm_loss(
+    model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Mean next-token cross-entropy over the positions whose mask is 1."""
+    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+    targets = ids[:, 1:]
+    weights = mask[:, 1:]
+    losses = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
+    ).view_as(weights)
+    return (losses * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+def _lr_factor(step: int, config: SftConfig) -> float:
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    progress = (step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)
+    return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def supervised_finetune(
+    model: PreTrainedModel,
+    examples: Sequence[SftExample],
+    config: SftConfig | None = None,
+    *,
+    pad_id: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
+) -> SftReport:
+    """Train `model` in place on `examples` (batches drawn with replacement, cosine schedule)."""
+    config = config or SftConfig()
+    if not examples:
+        raise InvalidRequestError("supervised_finetune needs at least one example")
+    rng = random.Random(config.seed)
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
+    )
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config))
+    model.train()
+    start = time.monotonic()
+    first_loss = last_loss = float("nan")
+    step = 0
+    try:
+        for step in range(1, config.steps + 1):
+            batch = [examples[rng.randrange(len(examples))] for _ in range(config.batch_size)]
+            loss = masked_lm_loss(model, *_collate(batch, pad_id))
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            scheduler.step()
+            last_loss = float(loss.detach())
+            if step == 1:
+                first_loss = last_loss
+            if on_step is not None:
+                on_step(step, last_loss)
+            if config.max_seconds is not None and time.monotonic() - start > config.max_seconds:
+                break
+    finally:
+        model.eval()
+    return SftReport(steps=step, seconds=time.monotonic() - start, first_loss=first_loss, last_loss=last_loss)

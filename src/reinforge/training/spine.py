@@ -1,0 +1,140 @@
+"""The serving side of a training run: store server with the gateway mounted, engine, in-process runners.
+
+Agents reach the policy only through the gateway over HTTP (as any external agent would), the gateway
+records every call into the store, and runners lease rollouts from the same store. The trainer talks
+to the store and publishes new weights to the engine between steps, with the gateway paused so that
+no call straddles two policy versions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from reinforge.engine.backend import EngineBackend
+from reinforge.engine.engine import Engine
+from reinforge.gateway.app import Gateway, create_gateway_app
+from reinforge.runner import Agent, AgentFunction, CommandAgent, Runner
+from reinforge.serving import BackgroundServer
+from reinforge.store.auth import load_or_create_token
+from reinforge.store.base import Store
+from reinforge.store.server import create_store_app
+
+GATEWAY_MOUNT = "/gateway"
+MODEL_NAME = "reinforge-policy"
+
+
+class Spine:
+    """Start with `await Spine(...).start(agent)`; stop with `await spine.stop()`.
+
+    `model` becomes the engine's: give it a copy the trainer does not update in place.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        model: PreTrainedModel,
+        tokenizer: PreTrainedTokenizerBase,
+        run_dir: Path,
+        *,
+        policy_version: int = 0,
+        engine_max_batch_size: int = 64,
+        engine_max_seq_len: int = 512,
+        seed: int | None = None,
+    ) -> None:
+        self.store = store
+        self.run_dir = run_dir
+        self.engine = Engine(
+            model,
+            tokenizer,
+            max_batch_size=engine_max_batch_size,
+            max_seq_len=engine_max_seq_len,
+            policy_version=policy_version,
+            seed=seed,
+        )
+        self.backend = EngineBackend(self.engine, tokenizer, model_name=MODEL_NAME)
+        self.store_token = load_or_create_token(run_dir)
+        self.gateway_secret = secrets.token_urlsafe(24)
+        store_app = create_store_app(store, self.store_token)
+        gateway_app = create_gateway_app(store, self.backend, self.gateway_secret)
+        self.gateway: Gateway = gateway_app.state.gateway
+        store_app.mount(GATEWAY_MOUNT, gateway_app)
+        # Mounted apps get no lifespan events; the gateway binds to the serving loop on first use.
+        self.server = BackgroundServer(store_app)
+        self._runners: list[asyncio.Task[object]] = []
+        self._stop = asyncio.Event()
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    @property
+    def gateway_url(self) -> str:
+        return self.server.url + GATEWAY_MOUNT
+
+    @property
+    def dashboard_url(self) -> str:
+        return f"{self.server.url}/dashboard#token={self.store_token}"
+
+    async def start(
+        self,
+        agent: Agent | AgentFunction | CommandAgent,
+        *,
+        runners: int = 1,
+        concurrency: int = 64,
+        timeout_s: float | None = None,
+    ) -> Spine:
+        self.engine.start()
+        await asyncio.to_thread(self.server.start)
+        url_file = self.run_dir / "store.url"
+        tmp = url_file.with_suffix(".tmp")
+        tmp.write_text(self.url + "\n", encoding="utf-8")
+        os.replace(tmp, url_file)
+        for i in range(runners):
+            runner = Runner(
+                self.store,
+                agent,
+                self.gateway_url,
+                self.gateway_secret,
+                concurrency=concurrency,
+                runner_id=f"trainer-runner-{i}",
+                timeout_s=timeout_s,
+                poll_seconds=1.0,
+                model=MODEL_NAME,
+                drain_timeout_s=5.0,
+            )
+            self._runners.append(asyncio.create_task(runner.run(stop=self._stop), name=f"runner-{i}"))
+        return self
+
+    def check_runners(self) -> None:
+        """Raise a runner's crash here, in the trainer, instead of waiting for rollouts that never come."""
+        for task in self._runners:
+            if task.done() and not task.cancelled() and task.exception() is not None:
+                raise RuntimeError(f"runner {task.get_name()} crashed") from task.exception()
+
+    async def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Serve `state` as policy `version`: new calls wait while the weights are swapped."""
+        await self.gateway.pause()
+        try:
+            await self.engine.load_weights(state, version)
+        finally:
+            self.gateway.resume()
+
+    async def stop(self) -> None:
+        self._stop.set()
+        if self._runners:
+            await asyncio.wait(self._runners, timeout=30)
+        for task in self._runners:
+            task.cancel()
+        with contextlib.suppress(Exception):
+            await self.gateway.flush()
+        await asyncio.to_thread(self.server.stop)
+        await asyncio.to_thread(self.engine.stop)
+        (self.run_dir / "store.url").unlink(missing_ok=True)

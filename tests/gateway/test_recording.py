@@ -1,0 +1,180 @@
+"""Recording off the request path: batching, backpressure, retries, flush; rewards; pause/drain;
+the attempt cache; mounting beside the store server."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from reinforge import semconv
+from reinforge.errors import StoreUnavailableError
+from reinforge.gateway import ScriptedBackend, SpanRecorder, create_gateway_app
+from reinforge.serving import BackgroundServer
+from reinforge.store.memory import MemoryStore
+from reinforge.store.server import create_store_app
+from reinforge.types import Span, SpanQuery
+
+from .conftest import SECRET, Served, running_attempt, serve
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+class GatedStore(MemoryStore):
+    """A real store whose writes wait for a gate (a store that has fallen behind)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = asyncio.Event()
+        self.batches: list[int] = []
+
+    async def add_spans(self, spans: Sequence[Span]) -> int:
+        await self.gate.wait()
+        self.batches.append(len(spans))
+        return await super().add_spans(spans)
+
+
+class FlakyStore(MemoryStore):
+    """A real store whose first `failures` writes fail as if the server were down."""
+
+    def __init__(self, failures: int) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def add_spans(self, spans: Sequence[Span]) -> int:
+        if self.failures:
+            self.failures -= 1
+            raise StoreUnavailableError("store down")
+        return await super().add_spans(spans)
+
+
+def span(attempt_id: str, n: int) -> Span:
+    return Span(rollout_id="r", attempt_id=attempt_id, name=f"s{n}")
+
+
+async def test_full_queue_applies_backpressure_and_drops_nothing() -> None:
+    store = GatedStore()
+    recorder = SpanRecorder(store, max_queue=2, max_batch=2)
+    recorder.start()
+    tasks = [asyncio.create_task(recorder.record(span("a", n))) for n in range(7)]
+    await asyncio.sleep(0.05)
+    # Memory is bounded: the writer holds one batch (2), the queue two more; the rest wait for room.
+    assert sum(t.done() for t in tasks) == 4
+    flushed = asyncio.create_task(recorder.flush("a"))
+    await asyncio.sleep(0.05)
+    assert not flushed.done(), "flush must wait for the spans still queued"
+    store.gate.set()
+    await asyncio.wait_for(asyncio.gather(*tasks, flushed), 5)
+    page = await store.query_spans(SpanQuery(attempt_id="a"))
+    assert sorted(s.name for s in page.items) == [f"s{n}" for n in range(7)]
+    assert max(store.batches) > 1, "spans are written in batches"
+    await recorder.close()
+
+
+async def test_failed_writes_are_retried_until_stored() -> None:
+    store = FlakyStore(failures=2)
+    recorder = SpanRecorder(store, max_retry_delay_s=0.05)
+    recorder.start()
+    for n in range(3):
+        await recorder.record(span("b", n))
+    await asyncio.wait_for(recorder.flush("b"), 5)
+    assert (await store.query_spans(SpanQuery(attempt_id="b"))).total == 3
+    assert recorder.write_errors == 2
+    await recorder.flush("never-recorded")  # nothing pending: returns at once
+    await recorder.close()
+
+
+async def test_reward_route_and_flush(served: Served) -> None:
+    attempt_id = (await running_attempt(served.store)).attempt.attempt_id
+    headers = served.headers(attempt_id)
+    async with httpx.AsyncClient(base_url=f"{served.url}/r/{attempt_id}", headers=headers) as http:
+        first = await http.post("/reward", json={"reward": 0.25, "final": False, "name": "format"})
+        assert first.status_code == 200 and first.json()["final"] is False
+        final = await http.post("/reward", json={"reward": 1.0}, headers={"X-Reinforge-Agent": "solver"})
+        assert final.status_code == 200
+        flushed = await http.post("/flush")
+        assert flushed.json() == {"attempt_id": attempt_id, "flushed": True}
+        assert (await http.post("/flush", headers={"Authorization": "Bearer nope"})).status_code == 401
+    # /flush returned, so both spans are already in the store.
+    spans = (await served.store.query_spans(SpanQuery(attempt_id=attempt_id))).items
+    assert [s.name for s in spans] == [semconv.SPAN_REWARD, semconv.SPAN_FINAL_REWARD]
+    assert spans[0].attributes[semconv.ATTR_REWARD_VALUE] == 0.25
+    assert spans[0].attributes[semconv.ATTR_REWARD_NAME] == "format"
+    assert spans[1].attributes[semconv.ATTR_REWARD_VALUE] == 1.0
+    assert spans[1].attributes[semconv.ATTR_AGENT_NAME] == "solver"
+    assert spans[1].attributes[semconv.ATTR_STEP_KIND] == semconv.STEP_REWARD
+    assert [s.attributes[semconv.ATTR_SEQUENCE_IN_ATTEMPT] for s in spans] == [0, 1]
+
+
+async def test_pause_drains_in_flight_and_holds_new_calls(tokenizer: Any) -> None:
+    backend = ScriptedBackend(tokenizer, ["slow"], delay_s=0.4)
+    for served in serve(backend):
+        gateway = served.gateway
+        attempt_id = (await running_attempt(served.store)).attempt.attempt_id
+        client = served.client(attempt_id)
+        first = asyncio.create_task(client.chat.completions.create(model="p", messages=MESSAGES))  # type: ignore[arg-type]
+        while gateway.in_flight == 0:
+            await asyncio.sleep(0.01)
+        # pause() is called from this test's loop; the gateway serves from another thread's loop.
+        paused = asyncio.create_task(gateway.pause())
+        await asyncio.sleep(0.05)
+        second = asyncio.create_task(client.chat.completions.create(model="p", messages=MESSAGES))  # type: ignore[arg-type]
+        await asyncio.wait_for(paused, 5)
+        assert first.done() and (await first).choices[0].message.content == "slow"
+        await asyncio.sleep(0.3)
+        assert not second.done() and gateway.in_flight == 0, "a call that arrived during the pause waits"
+        backend.policy_version = 1  # the "weight update" happens while nothing is in flight
+        gateway.resume()
+        assert (await asyncio.wait_for(second, 5)).choices[0].message.content == "slow"
+        await gateway.flush(attempt_id)
+        spans = (await served.store.query_spans(SpanQuery(attempt_id=attempt_id))).items
+        assert [s.attributes[semconv.ATTR_POLICY_VERSION] for s in spans] == [0, 1]
+
+
+async def test_attempt_is_looked_up_once_for_many_calls(served: Served) -> None:
+    attempt_id = (await running_attempt(served.store)).attempt.attempt_id
+    client = served.client(attempt_id)
+    await asyncio.gather(*[client.chat.completions.create(model="p", messages=MESSAGES) for _ in range(8)])  # type: ignore[arg-type]
+    assert served.gateway.attempts.lookups == 1
+    await served.gateway.flush(attempt_id)
+    spans = (await served.store.query_spans(SpanQuery(attempt_id=attempt_id))).items
+    assert sorted(s.attributes[semconv.ATTR_SEQUENCE_IN_ATTEMPT] for s in spans) == list(range(8))
+
+
+async def test_traceparent_nests_the_call_under_the_agent_span(served: Served) -> None:
+    attempt_id = (await running_attempt(served.store)).attempt.attempt_id
+    trace_id, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    await served.client(attempt_id).chat.completions.create(
+        model="p",
+        messages=MESSAGES,
+        extra_headers={"traceparent": f"00-{trace_id}-{parent}-01"},  # type: ignore[arg-type]
+    )
+    await served.client(attempt_id).chat.completions.create(model="p", messages=MESSAGES)  # type: ignore[arg-type]
+    await served.gateway.flush(attempt_id)
+    first, second = (await served.store.query_spans(SpanQuery(attempt_id=attempt_id))).items
+    assert (first.trace_id, first.parent_id) == (trace_id, parent)
+    assert second.trace_id == attempt_id and second.parent_id is None
+
+
+async def test_mounted_beside_the_store_server(tokenizer: Any) -> None:
+    store = MemoryStore()
+    store_app = create_store_app(store, "store-token")
+    store_app.mount("/gateway", create_gateway_app(store, ScriptedBackend(tokenizer, ["mounted"]), SECRET))
+    with BackgroundServer(store_app) as server:
+        attempt_id = (await running_attempt(store)).attempt.attempt_id
+        served = Served(server.url + "/gateway", store, ScriptedBackend(tokenizer, ["x"]), None)
+        response = await served.client(attempt_id).chat.completions.create(model="p", messages=MESSAGES)  # type: ignore[arg-type]
+        assert response.choices[0].message.content == "mounted"
+        async with httpx.AsyncClient(base_url=server.url) as http:
+            flushed = await http.post(f"/gateway/r/{attempt_id}/flush", headers=served.headers(attempt_id))
+            assert flushed.status_code == 200
+            assert (await http.get("/health")).status_code == 200  # the store's own routes still answer
+            assert (await http.get("/gateway/health")).json()["calls"] == 1
+        spans = (await store.query_spans(SpanQuery(attempt_id=attempt_id))).items
+        assert [s.name for s in spans] == [semconv.SPAN_LLM_CALL]
+        with pytest.raises(openai.NotFoundError):
+            await served.client("missing").chat.completions.create(model="p", messages=MESSAGES)  # type: ignore[arg-type]

@@ -1,0 +1,94 @@
+"""The pure pieces: tool-call parsing, request conversion, tokens, the scripted backend."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from reinforge.gateway import ScriptedBackend, attempt_token, parse_tool_calls
+from reinforge.gateway.attempts import trace_id_for
+from reinforge.gateway.auth import bearer_token, token_matches
+from reinforge.gateway.backend import GenerationRequest, SamplingParams
+from reinforge.gateway.errors import GatewayHTTPError
+from reinforge.gateway.protocol import ResponsesBody, parse_body, responses_request
+
+
+def test_parse_tool_calls() -> None:
+    text, calls, malformed = parse_tool_calls(
+        'Sure.<tool_call>{"name": "calc", "arguments": {"x": 1}}</tool_call>'
+        '<tool_call>{"name": "echo", "arguments": "{\\"y\\": 2}"}</tool_call>'
+    )
+    assert (text, malformed) == ("Sure.", False)
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("calc", {"x": 1}), ("echo", {"y": 2})]
+    assert parse_tool_calls("plain") == ("plain", [], False)
+    for broken in [
+        '<tool_call>{"name": "calc", "arguments": {</tool_call>',
+        "<tool_call>{",
+        '<tool_call>{"a": 1}</tool_call>',
+    ]:
+        assert parse_tool_calls(broken) == (broken, [], True)
+
+
+def test_tokens_are_per_attempt() -> None:
+    assert attempt_token("s", "a") != attempt_token("s", "b") != attempt_token("t", "a")
+    assert token_matches(attempt_token("s", "a"), attempt_token("s", "a"))
+    assert not token_matches(attempt_token("s", "a"), None)
+    assert (
+        bearer_token("Bearer abc") == "abc"
+        and bearer_token("Basic abc") is None
+        and bearer_token(None) is None
+    )
+    with pytest.raises(ValueError):
+        attempt_token("", "a")
+    assert trace_id_for("0123456789abcdef0123456789ABCDEF") == "0123456789abcdef0123456789abcdef"
+    assert len(trace_id_for("attempt-1")) == 32
+
+
+def test_responses_input_becomes_chat_messages() -> None:
+    body = parse_body(
+        ResponsesBody,
+        {
+            "input": [
+                {"role": "developer", "content": [{"type": "input_text", "text": "Be terse."}]},
+                {"type": "message", "role": "user", "content": "2+3?"},
+                {"type": "function_call", "call_id": "c1", "name": "calc", "arguments": '{"e": "2+3"}'},
+                {"type": "function_call", "call_id": "c2", "name": "calc", "arguments": '{"e": "1"}'},
+                {"type": "function_call_output", "call_id": "c1", "output": "5"},
+            ],
+            "tools": [{"type": "function", "name": "calc", "parameters": {"type": "object"}}],
+            "tool_choice": {"type": "function", "name": "calc"},
+            "max_output_tokens": 20,
+        },
+    )
+    request = responses_request(body)
+    assert request.messages is not None
+    assert [m["role"] for m in request.messages] == ["system", "user", "assistant", "tool"]
+    assert [c["id"] for c in request.messages[2]["tool_calls"]] == ["c1", "c2"]
+    assert request.tools == [
+        {"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}
+    ]
+    assert request.tool_choice == {"type": "function", "function": {"name": "calc"}}
+    assert request.sampling.max_tokens == 20
+    with pytest.raises(GatewayHTTPError, match="max_output_tokens"):
+        responses_request(parse_body(ResponsesBody, {"input": "x", "max_output_tokens": 0}))
+
+
+def test_scripted_backend_truncates_and_stops(tokenizer: Any) -> None:
+    backend = ScriptedBackend(tokenizer, ["Hello there, how are you"])
+
+    async def run(**sampling: Any) -> Any:
+        return await backend.generate(GenerationRequest(prompt="Hi", sampling=SamplingParams(**sampling)))
+
+    full = asyncio.run(run())
+    assert full.completion_token_ids[-1] == tokenizer.eos_token_id
+    assert len(full.logprobs) == len(full.completion_token_ids)
+    assert all(lp < 0 for lp in full.logprobs)
+    assert asyncio.run(run()).logprobs == full.logprobs, "logprobs are deterministic per reply"
+    cut = asyncio.run(run(max_tokens=2))
+    assert (cut.finish_reason, cut.completion_token_ids) == ("length", full.completion_token_ids[:2])
+    stopped = asyncio.run(run(stop=[","]))
+    assert (stopped.text, stopped.finish_reason) == ("Hello there", "stop")
+    assert stopped.completion_token_ids == tokenizer.encode("Hello there", add_special_tokens=False)

@@ -1,0 +1,59 @@
+"""SQLite specifics: WAL, durability across a killed process, a nested run folder."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from reinforge.errors import InvalidRequestError
+from reinforge.store import SqlStore
+from reinforge.types import RolloutSpec
+
+from .durability import assert_acked_spans_present, write_until_killed
+
+
+async def test_file_is_created_in_wal_mode_in_a_new_folder(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "nested" / "store.db"
+    store = await SqlStore.open(f"sqlite:///{path}")
+    try:
+        await store.enqueue_rollouts([RolloutSpec(rollout_id="x")])
+    finally:
+        await store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("SELECT rollout_id, status FROM rollouts").fetchall() == [("x", "queued")]
+
+
+async def test_data_survives_reopening(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    store = await SqlStore.open(url, synchronous="FULL")
+    await store.enqueue_rollouts([RolloutSpec(rollout_id="keep", task={"a": 1})])
+    await store.put_resources({"p": "x"})
+    await store.close()
+    store = await SqlStore.open(url)
+    try:
+        assert (await store.get_rollout("keep")).task == {"a": 1}
+        assert (await store.get_resources()).resources == {"p": "x"}
+    finally:
+        await store.close()
+
+
+async def test_acknowledged_span_batches_survive_sigkill(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    acked = write_until_killed(url, None, acks_wanted=40)
+    store = await SqlStore.open(url)
+    try:
+        await assert_acked_spans_present(store, acked)
+    finally:
+        await store.close()
+
+
+async def test_bad_urls_and_options_are_rejected(tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequestError):
+        await SqlStore.open("mysql://x/y")
+    with pytest.raises(InvalidRequestError):
+        await SqlStore.open(f"sqlite:///{tmp_path / 's.db'}", synchronous="OFF")  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequestError):
+        await SqlStore.open("postgresql://root@127.0.0.1/test", schema="Bad-Name")

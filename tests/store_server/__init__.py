@@ -1,0 +1,1 @@
+"""Tests of the store server, its client, auth and CLI."""

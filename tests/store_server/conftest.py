@@ -1,0 +1,78 @@
+"""Fixtures: a real store server (uvicorn on 127.0.0.1, a free port) and clients for it."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from reinforge.serving import BackgroundServer
+from reinforge.store.base import Store
+from reinforge.store.client import HttpStoreClient
+from reinforge.store.memory import MemoryStore
+from reinforge.store.server import create_store_app
+
+TOKEN = "test-token-" + "x" * 20
+PG_ADMIN_URL = os.environ.get("REINFORGE_TEST_PG", "postgresql://root@127.0.0.1:5432/test")
+
+
+async def _memory() -> Store:
+    return MemoryStore()
+
+
+@pytest.fixture
+def server() -> Iterator[BackgroundServer]:
+    """A store server on a MemoryStore, small body limit so oversize tests stay cheap."""
+    app = create_store_app(_memory, TOKEN, max_body_bytes=256 * 1024)
+    with BackgroundServer(app) as srv:
+        yield srv
+
+
+@pytest.fixture
+def sqlite_server(tmp_path: Path) -> Iterator[BackgroundServer]:
+    from reinforge.store.factory import open_store
+
+    async def factory() -> Store:
+        return await open_store(f"sqlite:///{tmp_path / 'store.db'}")
+
+    with BackgroundServer(create_store_app(factory, TOKEN)) as srv:
+        yield srv
+
+
+@pytest.fixture
+async def client(server: BackgroundServer) -> AsyncIterator[HttpStoreClient]:
+    store = HttpStoreClient(server.url, TOKEN)
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+async def http(server: BackgroundServer) -> AsyncIterator[httpx.AsyncClient]:
+    """A raw HTTP client with the right token, for requests the typed client would never send."""
+    async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}) as c:
+        yield c
+
+
+@pytest.fixture
+def pg_database() -> Iterator[str]:
+    """A fresh PostgreSQL database for one test, dropped afterwards."""
+    import psycopg
+
+    name = "reinforge_ss_" + uuid.uuid4().hex[:10]
+    admin = PG_ADMIN_URL
+    try:
+        conn = psycopg.connect(admin, autocommit=True, connect_timeout=5)
+    except psycopg.OperationalError as exc:
+        pytest.skip(f"PostgreSQL not reachable at {admin}: {exc}")
+    with conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    url = admin.rsplit("/", 1)[0] + "/" + name
+    try:
+        yield url
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
