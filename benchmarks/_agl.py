@@ -39,7 +39,7 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen[bytes] | None = None) -> None:
+def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen[Any] | None = None) -> None:
     """Poll `url` until it answers 200 (a server's health route)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -1,7 +1,7 @@
 """Latency a gateway adds to an LLM call: reinforge's gateway vs agentlightning 1.0.2's LLM proxy.
 
 The same OpenAI-client calls (`openai` python client, `chat.completions.create`, a small prompt, one
-call at a time) go, in one run and interleaved round by round:
+call at a time) go, in one run and interleaved call by call in a shuffled order:
 1. direct to a fast local upstream (`baselines/fast_upstream.py`: a bare asyncio OpenAI-compatible
    server answering a fixed completion with vLLM's token-id and logprob fields);
 2. through reinforge's gateway (`create_gateway_app` + `UpstreamBackend` to that upstream, recording
@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -115,7 +116,7 @@ class ReinforgeGateway:
         if not first:
             raise RuntimeError("the reinforge gateway process exited during start-up; see its log above")
         self.attempt_id: str = json.loads(first)["attempt_id"]
-        wait_http(self.url + "/health", proc=self._proc)  # type: ignore[arg-type]
+        wait_http(self.url + "/health", proc=self._proc)
 
     @property
     def pid(self) -> int:
@@ -154,7 +155,9 @@ class Target:
     def call(self) -> float:
         started = time.perf_counter()
         reply = self.client.chat.completions.create(
-            model="policy", messages=MESSAGES, max_tokens=16  # type: ignore[arg-type]
+            model="policy",
+            messages=MESSAGES,  # type: ignore[arg-type]
+            max_tokens=16,
         )
         took = (time.perf_counter() - started) * 1000
         if not reply.choices or reply.choices[0].message.content != EXPECTED_REPLY:
@@ -162,21 +165,21 @@ class Target:
         return took
 
 
-def measure(targets: dict[str, Target], calls: int, rounds: int, warmup: int) -> None:
-    """Sequential calls, interleaved by rounds so drift in machine load hits every target alike.
-
-    Besides latency, the CPU time of the process that answered (gateway or upstream) is summed
-    over each target's own calls: the part of the cost the scheduler's noise does not blur.
+def measure(targets: dict[str, Target], calls: int, warmup: int, seed: int = 0) -> None:
+    """Sequential calls, interleaved call by call in a random order each time, so that the swings of
+    a loaded machine hit every target alike; the CPU time of the process that answered each call
+    (gateway or upstream) is summed per target: the part of the cost the scheduler does not blur.
     """
     for target in targets.values():
         for _ in range(warmup):
             target.call()
-    per_round = max(1, calls // rounds)
-    for _ in range(rounds):
-        for target in targets.values():
+    rng = random.Random(seed)
+    order = list(targets.values())
+    for _ in range(calls):
+        rng.shuffle(order)
+        for target in order:
             cpu_before = cpu_seconds(target.server_pid) or 0.0
-            for _ in range(per_round):
-                target.latencies_ms.append(target.call())
+            target.latencies_ms.append(target.call())
             target.server_cpu_s += (cpu_seconds(target.server_pid) or 0.0) - cpu_before
 
 
@@ -188,8 +191,9 @@ def _agl_target(server: AglServer, upstream_url: str) -> str:
         created = api.post("/api/rollouts", json=[{"input": {"question": "2 + 2"}}])
         created.raise_for_status()
         rollout_id = created.json()[0]["rollout_id"]
-        api.patch(f"/api/rollouts/{rollout_id}",
-                  json={"status": {"state": "running", "last_attempt_id": "0"}}).raise_for_status()
+        api.patch(
+            f"/api/rollouts/{rollout_id}", json={"status": {"state": "running", "last_attempt_id": "0"}}
+        ).raise_for_status()
     return f"{server.url}/proxy/rollout/{rollout_id}/attempt/0/mode/train/openai/v1"
 
 
@@ -199,8 +203,12 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true", help="fewer calls (under a minute)")
     parser.add_argument("--calls", type=int, help="measured calls per target (default 2000; quick 400)")
-    parser.add_argument("--store", choices=["sqlite", "memory"], default="sqlite",
-                        help="where the reinforge gateway records (default: SQLite, the durable default)")
+    parser.add_argument(
+        "--store",
+        choices=["sqlite", "memory"],
+        default="sqlite",
+        help="where the reinforge gateway records (default: SQLite, the durable default)",
+    )
     parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--serve-gateway", metavar="UPSTREAM_URL", help=argparse.SUPPRESS)
     parser.add_argument("--store-url", help=argparse.SUPPRESS)
@@ -209,14 +217,13 @@ def main() -> None:
         serve_gateway(args.serve_gateway, args.store_url)
         return
     calls = args.calls or (400 if args.quick else 2000)
-    rounds = 10
 
     upstream_port = free_port()
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     upstream = subprocess.Popen([sys.executable, str(BASELINES / "fast_upstream.py"), str(upstream_port)])
     cleanups: list[Any] = [upstream.terminate]
     try:
-        wait_http(upstream_url + "/health", proc=upstream)  # type: ignore[arg-type]
+        wait_http(upstream_url + "/health", proc=upstream)
         with tempfile.TemporaryDirectory(prefix="reinforge-gateway-bench-") as tmp:
             store_url = f"sqlite:///{Path(tmp) / 'store.db'}" if args.store == "sqlite" else "memory://"
             ours = ReinforgeGateway(upstream_url, store_url)
@@ -226,47 +233,62 @@ def main() -> None:
                     openai.OpenAI(base_url=upstream_url + "/v1", api_key="unused", max_retries=0),
                     upstream.pid,
                 ),
-                "reinforge": Target(openai.OpenAI(base_url=ours.base_url(), api_key=token, max_retries=0),
-                                    ours.pid),
+                "reinforge": Target(
+                    openai.OpenAI(base_url=ours.base_url(), api_key=token, max_retries=0), ours.pid
+                ),
             }
             if not args.skip_baseline:
                 try:
                     agl = AglServer(agl_python())
                     cleanups.append(agl.stop)
-                    agl_client = openai.OpenAI(base_url=_agl_target(agl, upstream_url), api_key="unused",
-                                               max_retries=0)
+                    agl_client = openai.OpenAI(
+                        base_url=_agl_target(agl, upstream_url), api_key="unused", max_retries=0
+                    )
                     targets["agentlightning"] = Target(agl_client, agl.pid)
                 except BaselineUnavailable as exc:
                     print(f"baseline agentlightning 1.0.2 unavailable: {exc}; no ratio is printed")
-            print(f"gateway_bench: {calls} sequential chat.completions per target, {rounds} interleaved "
-                  f"rounds, reinforge recording into {args.store}; cpus={os.cpu_count()}", flush=True)
+            print(
+                f"gateway_bench: {calls} sequential chat.completions per target, interleaved call by "
+                f"call; reinforge recording into {args.store}; cpus={os.cpu_count()}",
+                flush=True,
+            )
             warmup = max(20, calls // 20)
-            measure(targets, calls, rounds, warmup)
+            measure(targets, calls, warmup)
             recorded = ours.stop()
     finally:
         for cleanup in reversed(cleanups):
             cleanup()
 
     p50 = {name: statistics.median(t.latencies_ms) for name, t in targets.items()}
-    print(f"{'target':<16}{'calls':>7}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'added p50 ms':>14}"
-          f"{'server CPU ms/call':>20}")
+    print(
+        f"{'target':<16}{'calls':>7}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'added p50 ms':>14}"
+        f"{'server CPU ms/call':>20}"
+    )
     for name, t in targets.items():
         values = t.latencies_ms
-        print(f"{name:<16}{len(values):>7}{p50[name]:>9.3f}{_percentile(values, 0.9):>9.3f}"
-              f"{_percentile(values, 0.99):>9.3f}{p50[name] - p50['direct']:>14.3f}"
-              f"{1000 * t.server_cpu_s / len(values):>20.3f}")
+        print(
+            f"{name:<16}{len(values):>7}{p50[name]:>9.3f}{_percentile(values, 0.9):>9.3f}"
+            f"{_percentile(values, 0.99):>9.3f}{p50[name] - p50['direct']:>14.3f}"
+            f"{1000 * t.server_cpu_s / len(values):>20.3f}"
+        )
     print("(server CPU: the answering process only; a gateway's own figure excludes the upstream's)")
     expected = len(targets["reinforge"].latencies_ms) + warmup
     print(f"reinforge store holds {recorded} LLM-call spans for {expected} calls made through the gateway")
     if recorded != expected:
         print("warning: the reinforge gateway did not record every call")
     added = p50["reinforge"] - p50["direct"]
+    paired = statistics.median(
+        g - d for g, d in zip(targets["reinforge"].latencies_ms, targets["direct"].latencies_ms, strict=True)
+    )
+    print(f"reinforge: added p50 {added:.3f} ms (median of per-call differences: {paired:.3f} ms)")
     print(f"RESULT gateway_added_p50_ms={added:.3f}")
     if "agentlightning" in p50:
         agl_added = p50["agentlightning"] - p50["direct"]
         ratio = agl_added / added if added > 0 else float("inf")
-        print(f"agentlightning adds {agl_added:.3f} ms p50, reinforge {added:.3f} ms: "
-              f"{ratio:.1f}x less (goal >= 5)")
+        print(
+            f"agentlightning adds {agl_added:.3f} ms p50, reinforge {added:.3f} ms: "
+            f"{ratio:.1f}x less (goal >= 5)"
+        )
         print(f"RESULT gateway_overhead_ratio_vs_agl={ratio:.2f}")
 
 

@@ -39,10 +39,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import httpx
 import openai
 import uvicorn
-from _agl import BASELINES, free_port, wait_http
+from _agl import BASELINES, AglServer, BaselineUnavailable, agl_python, free_port, run_driver, wait_http
 from baselines.procstat import cpu_seconds
 
 from reinforge import semconv
@@ -93,14 +92,18 @@ class SpineServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self.token = secrets.token_urlsafe(16)
         self.secret = secrets.token_urlsafe(16)
-        env = {**os.environ, "BENCH_PORT": str(self.port), "BENCH_STORE_TOKEN": self.token,
-               "BENCH_GATEWAY_SECRET": self.secret}
+        env = {
+            **os.environ,
+            "BENCH_PORT": str(self.port),
+            "BENCH_STORE_TOKEN": self.token,
+            "BENCH_GATEWAY_SECRET": self.secret,
+        }
         self._proc = subprocess.Popen(
             [sys.executable, __file__, "--serve-spine", upstream_url, "--db", db_url],
             stdin=subprocess.PIPE,
             env=env,
         )
-        wait_http(self.url + "/health", proc=self._proc)  # type: ignore[arg-type]
+        wait_http(self.url + "/health", proc=self._proc)
 
     @property
     def pid(self) -> int:
@@ -120,12 +123,17 @@ class SpineServer:
 # -- the agents -------------------------------------------------------------------------------------
 
 
-def inprocess_agent(http_client: httpx.AsyncClient) -> Any:
-    """One chat completion through the attempt's endpoint, reward 1.0 when an answer came back."""
+def inprocess_agent(http_client: openai.DefaultAsyncHttpxClient) -> Any:
+    """One chat completion through the attempt's endpoint, reward 1.0 when an answer came back.
+
+    The agent makes a client per attempt (the attempt's URL and key), sharing one connection pool,
+    as an agent serving many attempts would.
+    """
 
     async def noop(task: dict[str, Any], llm: LLM) -> float:
-        client = openai.AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, http_client=http_client,
-                                    max_retries=0)
+        client = openai.AsyncOpenAI(
+            base_url=llm.base_url, api_key=llm.api_key, http_client=http_client, max_retries=0
+        )
         reply = await client.chat.completions.create(
             model=llm.model,
             messages=[{"role": "user", "content": f"What is {task['a']} + {task['b']}?"}],
@@ -153,23 +161,33 @@ async def run_phase(upstream_url: str, kind: str, n: int, concurrency: int) -> d
     with tempfile.TemporaryDirectory(prefix="reinforge-rollout-bench-") as tmp:
         server = SpineServer(upstream_url, f"sqlite:///{Path(tmp) / 'store.db'}")
         store = HttpStoreClient(server.url, server.token)
-        http_client = httpx.AsyncClient(limits=httpx.Limits(max_connections=concurrency), trust_env=False)
+        http_client = openai.DefaultAsyncHttpxClient()
         try:
             specs = [RolloutSpec(task={"a": i, "b": i + 1}) for i in range(n)]
             await store.enqueue_rollouts(specs)
             agent: Any = (
-                inprocess_agent(http_client) if kind == "in-process"
+                inprocess_agent(http_client)
+                if kind == "in-process"
                 else CommandAgent([sys.executable, "-S", str(BASELINES / "noop_agent.py")], timeout_s=60)
             )
-            runner = Runner(store, agent, server.url + GATEWAY_MOUNT, server.secret, concurrency=concurrency,
-                            poll_seconds=0.5, model="policy", drain_timeout_s=120)
+            runner = Runner(
+                store,
+                agent,
+                server.url + GATEWAY_MOUNT,
+                server.secret,
+                concurrency=concurrency,
+                poll_seconds=0.5,
+                model="policy",
+                drain_timeout_s=120,
+            )
             cpu_before = _cpu(server.pid), _cpu(os.getpid()), _children_cpu()
             started = time.perf_counter()
             stats = await runner.run(max_rollouts=n)
             elapsed = time.perf_counter() - started
             cpu_after = _cpu(server.pid), _cpu(os.getpid()), _children_cpu()
-            succeeded = (await store.query_rollouts(
-                RolloutQuery(statuses=[RolloutStatus.succeeded], limit=1))).total
+            succeeded = (
+                await store.query_rollouts(RolloutQuery(statuses=[RolloutStatus.succeeded], limit=1))
+            ).total
             llm_spans = (await store.query_spans(SpanQuery(name=semconv.SPAN_LLM_CALL, limit=1))).total
         finally:
             await http_client.aclose()
@@ -177,12 +195,39 @@ async def run_phase(upstream_url: str, kind: str, n: int, concurrency: int) -> d
             server.stop()
     if stats.errors:
         print(f"{kind}: first errors: {stats.errors[:3]}")
-    return {"kind": kind, "rollouts": n, "concurrency": concurrency, "seconds": elapsed,
-            "rollouts_per_s": n / elapsed, "succeeded": succeeded, "llm_spans": llm_spans,
-            "failed": stats.failed,
-            "server_cpu_ms": 1000 * (cpu_after[0] - cpu_before[0]) / n,
-            "runner_cpu_ms": 1000 * (cpu_after[1] - cpu_before[1]) / n,
-            "agent_process_cpu_ms": 1000 * (cpu_after[2] - cpu_before[2]) / n}
+    return {
+        "kind": kind,
+        "rollouts": n,
+        "concurrency": concurrency,
+        "seconds": elapsed,
+        "rollouts_per_s": n / elapsed,
+        "succeeded": succeeded,
+        "llm_spans": llm_spans,
+        "failed": stats.failed,
+        "server_cpu_ms": 1000 * (cpu_after[0] - cpu_before[0]) / n,
+        "runner_cpu_ms": 1000 * (cpu_after[1] - cpu_before[1]) / n,
+        "agent_process_cpu_ms": 1000 * (cpu_after[2] - cpu_before[2]) / n,
+    }
+
+
+def run_agl(upstream_url: str, n: int) -> dict[str, Any] | None:
+    """agentlightning 1.0.2 running the same subprocess-agent workload with its own controller."""
+    try:
+        python = agl_python()
+        with AglServer(python) as server:
+            return run_driver(
+                python,
+                "agl_rollout_driver.py",
+                "--url",
+                server.url,
+                "--upstream",
+                upstream_url,
+                "--rollouts",
+                str(n),
+            )
+    except BaselineUnavailable as exc:
+        print(f"baseline agentlightning 1.0.2 unavailable: {exc}")
+        return None
 
 
 def main() -> None:
@@ -194,6 +239,10 @@ def main() -> None:
     parser.add_argument("--subprocess", type=int, help="subprocess rollouts (default 300; quick 80)")
     parser.add_argument("--concurrency", type=int, default=64, help="runner concurrency, in-process")
     parser.add_argument("--subprocess-concurrency", type=int, default=8)
+    parser.add_argument(
+        "--baseline-rollouts", type=int, help="subprocess rollouts for agentlightning (default 100; quick 30)"
+    )
+    parser.add_argument("--skip-baseline", action="store_true")
     parser.add_argument("--serve-spine", metavar="UPSTREAM_URL", help=argparse.SUPPRESS)
     parser.add_argument("--db", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -207,24 +256,43 @@ def main() -> None:
     upstream_url = f"http://127.0.0.1:{upstream_port}"
     upstream = subprocess.Popen([sys.executable, str(BASELINES / "fast_upstream.py"), str(upstream_port)])
     try:
-        wait_http(upstream_url + "/health", proc=upstream)  # type: ignore[arg-type]
-        print(f"rollout_bench: noop agents, store (SQLite over HTTP) + gateway + runner; "
-              f"cpus={os.cpu_count()}", flush=True)
+        wait_http(upstream_url + "/health", proc=upstream)
+        print(
+            f"rollout_bench: noop agents, store (SQLite over HTTP) + gateway + runner; cpus={os.cpu_count()}",
+            flush=True,
+        )
         results = [
             asyncio.run(run_phase(upstream_url, "in-process", n_in, args.concurrency)),
             asyncio.run(run_phase(upstream_url, "subprocess", n_sub, args.subprocess_concurrency)),
         ]
+        theirs = (
+            None
+            if args.skip_baseline
+            else run_agl(upstream_url, args.baseline_rollouts or (30 if args.quick else 100))
+        )
     finally:
         upstream.terminate()
         upstream.wait()
-    print(f"{'agent':<12}{'rollouts':>9}{'concurrency':>12}{'seconds':>9}{'rollouts/s':>11}{'succeeded':>10}"
-          f"{'LLM spans':>10}  CPU ms per rollout: server / runner / agent processes")
+    print(
+        f"{'agent':<12}{'rollouts':>9}{'concurrency':>12}{'seconds':>9}{'rollouts/s':>11}{'succeeded':>10}"
+        f"{'LLM spans':>10}  CPU ms per rollout: server / runner / agent processes"
+    )
     for r in results:
-        print(f"{r['kind']:<12}{r['rollouts']:>9}{r['concurrency']:>12}{r['seconds']:>9.2f}"
-              f"{r['rollouts_per_s']:>11.1f}{r['succeeded']:>10}{r['llm_spans']:>10}  "
-              f"{r['server_cpu_ms']:.2f} / {r['runner_cpu_ms']:.2f} / {r['agent_process_cpu_ms']:.2f}")
+        print(
+            f"{r['kind']:<12}{r['rollouts']:>9}{r['concurrency']:>12}{r['seconds']:>9.2f}"
+            f"{r['rollouts_per_s']:>11.1f}{r['succeeded']:>10}{r['llm_spans']:>10}  "
+            f"{r['server_cpu_ms']:.2f} / {r['runner_cpu_ms']:.2f} / {r['agent_process_cpu_ms']:.2f}"
+        )
         if r["succeeded"] != r["rollouts"] or r["llm_spans"] != r["rollouts"]:
             print(f"warning: {r['kind']}: not every rollout succeeded with its LLM call recorded")
+    if theirs is not None:
+        print(
+            f"agentlightning 1.0.2, subprocess agents through its local controller "
+            f"(pool {theirs['pool']}, poll {theirs['poll_interval']} s): "
+            f"{theirs['rollouts']} rollouts in {theirs['seconds']:.2f} s = "
+            f"{theirs['rollouts_per_s']:.2f}/s ({theirs['succeeded']} succeeded); reinforge subprocess "
+            f"{results[1]['rollouts_per_s'] / theirs['rollouts_per_s']:.1f}x that"
+        )
     print(json.dumps({r["kind"]: round(r["rollouts_per_s"], 2) for r in results}))
     print(f"RESULT inprocess_rollouts_per_s={results[0]['rollouts_per_s']:.1f}")
     print(f"RESULT subprocess_rollouts_per_s={results[1]['rollouts_per_s']:.1f}")

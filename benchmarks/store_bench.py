@@ -97,8 +97,18 @@ class StoreServer:
         self._proc = subprocess.Popen(
             # The same code as `reinforge store serve`, called through the store's own typer app so
             # that the benchmark does not depend on every other sub-command importing.
-            [sys.executable, "-c", "from reinforge.store.cli import store_app; store_app()", "serve",
-             "--run-dir", str(run_dir), "--db", db, "--port", "0"],
+            [
+                sys.executable,
+                "-c",
+                "from reinforge.store.cli import store_app; store_app()",
+                "serve",
+                "--run-dir",
+                str(run_dir),
+                "--db",
+                db,
+                "--port",
+                "0",
+            ],
             stdout=subprocess.DEVNULL,
         )
         url_file = run_dir / "store.url"
@@ -126,8 +136,13 @@ class StoreServer:
                 self._proc.wait()
 
 
-async def _worker(client: HttpStoreClient, worker: int, attributes: dict[str, Any],
-                  lease_ms: list[float], attempts: list[tuple[str, str]]) -> int:
+async def _worker(
+    client: HttpStoreClient,
+    worker: int,
+    attributes: dict[str, Any],
+    lease_ms: list[float],
+    attempts: list[tuple[str, str]],
+) -> int:
     done = 0
     runner_id = f"bench-{worker}"
     while True:
@@ -145,8 +160,9 @@ async def _worker(client: HttpStoreClient, worker: int, attributes: dict[str, An
         done += 1
 
 
-async def _ingest(clients: list[HttpStoreClient], attempts: list[tuple[str, str]], total: int,
-                  attributes: dict[str, Any]) -> tuple[int, float]:
+async def _ingest(
+    clients: list[HttpStoreClient], attempts: list[tuple[str, str]], total: int, attributes: dict[str, Any]
+) -> tuple[int, float]:
     per_client = total // len(clients)
 
     async def one(c: int, client: HttpStoreClient) -> None:
@@ -176,8 +192,10 @@ async def run_reinforge(n: int, n_clients: int, ingest_spans: int) -> dict[str, 
             cpu_start = cpu_seconds(server.pid) or 0.0
             started = time.perf_counter()
             for i in range(0, n, ENQUEUE_BATCH):
-                specs = [RolloutSpec(task={"data_id": str(k), "question": f"what is {k} + {k}?"})
-                         for k in range(i, min(n, i + ENQUEUE_BATCH))]
+                specs = [
+                    RolloutSpec(task={"data_id": str(k), "question": f"what is {k} + {k}?"})
+                    for k in range(i, min(n, i + ENQUEUE_BATCH))
+                ]
                 await clients[0].enqueue_rollouts(specs)
             enqueued = time.perf_counter()
             counts = await asyncio.gather(
@@ -216,9 +234,20 @@ async def run_reinforge(n: int, n_clients: int, ingest_spans: int) -> dict[str, 
 def run_agl(n: int, n_clients: int, ingest_spans: int) -> dict[str, Any]:
     python = agl_python()
     with AglServer(python) as server:
-        return run_driver(python, "agl_store_driver.py", "--url", server.url, "--rollouts", str(n),
-                          "--clients", str(n_clients), "--ingest-spans", str(ingest_spans),
-                          "--server-pid", str(server.pid))
+        return run_driver(
+            python,
+            "agl_store_driver.py",
+            "--url",
+            server.url,
+            "--rollouts",
+            str(n),
+            "--clients",
+            str(n_clients),
+            "--ingest-spans",
+            str(ingest_spans),
+            "--server-pid",
+            str(server.pid),
+        )
 
 
 def _fmt(value: Any, digits: int = 1) -> str:
@@ -226,19 +255,25 @@ def _fmt(value: Any, digits: int = 1) -> str:
 
 
 def report(rows: list[dict[str, Any]]) -> None:
-    header = (f"{'system':<26}{'rollouts':>9}{'done':>6}{'span B':>7}{'total s':>9}{'rollouts/s':>11}"
-              f"{'lease p50':>10}{'lease p99':>10}{'ingest spans/s':>15}{'srv CPU ms/rollout':>19}"
-              f"{'srv CPU us/span':>16}")
+    header = (
+        f"{'system':<26}{'rollouts':>9}{'done':>6}{'span B':>7}{'total s':>9}{'rollouts/s':>11}"
+        f"{'lease p50':>10}{'lease p99':>10}{'ingest spans/s':>15}{'srv CPU ms/rollout':>19}"
+        f"{'srv CPU us/span':>16}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['system']:<26}{r['rollouts']:>9}{r['completed']:>6}{r['span_bytes']:>7}"
-              f"{_fmt(r['seconds'], 2):>9}{_fmt(r['rollouts_per_s']):>11}"
-              f"{_fmt(r['lease_p50_ms'], 2):>10}{_fmt(r['lease_p99_ms'], 2):>10}"
-              f"{_fmt(r['ingest_spans_per_s'], 0):>15}{_fmt(r['server_cpu_ms_per_rollout'], 2):>19}"
-              f"{_fmt(r['server_cpu_us_per_span'], 0):>16}")
-    print("(lease in ms as each client sees it; srv CPU: the server process's CPU time per completed "
-          "rollout, and per span in the ingest phase)")
+        print(
+            f"{r['system']:<26}{r['rollouts']:>9}{r['completed']:>6}{r['span_bytes']:>7}"
+            f"{_fmt(r['seconds'], 2):>9}{_fmt(r['rollouts_per_s']):>11}"
+            f"{_fmt(r['lease_p50_ms'], 2):>10}{_fmt(r['lease_p99_ms'], 2):>10}"
+            f"{_fmt(r['ingest_spans_per_s'], 0):>15}{_fmt(r['server_cpu_ms_per_rollout'], 2):>19}"
+            f"{_fmt(r['server_cpu_us_per_span'], 0):>16}"
+        )
+    print(
+        "(lease in ms as each client sees it; srv CPU: the server process's CPU time per completed "
+        "rollout, and per span in the ingest phase)"
+    )
 
 
 def main() -> None:
@@ -248,19 +283,24 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a smaller workload (under a minute)")
     parser.add_argument("--rollouts", type=int, help="rollouts to enqueue (default 5000; quick 400)")
     parser.add_argument("--clients", type=int, default=16)
-    parser.add_argument("--ingest-spans", type=int,
-                        help="spans in the ingest phase (default 20000; quick 4000)")
-    parser.add_argument("--baseline-rollouts", type=int,
-                        help="rollouts for agentlightning (default: the same as ours)")
+    parser.add_argument(
+        "--ingest-spans", type=int, help="spans in the ingest phase (default 20000; quick 4000)"
+    )
+    parser.add_argument(
+        "--baseline-rollouts", type=int, help="rollouts for agentlightning (default: the same as ours)"
+    )
     parser.add_argument("--skip-baseline", action="store_true", help="measure reinforge only (no ratio)")
     args = parser.parse_args()
     n = args.rollouts or (400 if args.quick else 5000)
     ingest = args.ingest_spans if args.ingest_spans is not None else (4000 if args.quick else 20000)
     n_agl = args.baseline_rollouts or n
 
-    print(f"store_bench: {n} rollouts x ({LLM_CALLS_PER_ROLLOUT} LLM-call spans of ~{SPAN_BYTES} B "
-          f"+ 1 reward), {args.clients} concurrent HTTP clients; ingest phase {ingest} spans; "
-          f"cpus={os.cpu_count()}", flush=True)
+    print(
+        f"store_bench: {n} rollouts x ({LLM_CALLS_PER_ROLLOUT} LLM-call spans of ~{SPAN_BYTES} B "
+        f"+ 1 reward), {args.clients} concurrent HTTP clients; ingest phase {ingest} spans; "
+        f"cpus={os.cpu_count()}",
+        flush=True,
+    )
     ours = asyncio.run(run_reinforge(n, args.clients, ingest))
     rows = [ours]
     theirs: dict[str, Any] | None = None
@@ -271,13 +311,17 @@ def main() -> None:
         except BaselineUnavailable as exc:
             print(f"baseline agentlightning 1.0.2 unavailable: {exc}; no ratio is printed")
     report(rows)
-    print(f"span ingest over HTTP (reinforge, batches of {INGEST_BATCH}): "
-          f"{_fmt(ours['ingest_spans_per_s'], 0)} spans/s (goal >= 10,000)")
+    print(
+        f"span ingest over HTTP (reinforge, batches of {INGEST_BATCH}): "
+        f"{_fmt(ours['ingest_spans_per_s'], 0)} spans/s (goal >= 10,000)"
+    )
     print(f"lease p99 (reinforge): {_fmt(ours['lease_p99_ms'], 2)} ms (goal < 20 ms)")
     if theirs is not None and theirs["completed"] and ours["completed"] == n:
         ratio = ours["rollouts_per_s"] / theirs["rollouts_per_s"]
-        print(f"completed rollouts/s: reinforge {ours['rollouts_per_s']:.1f} vs agentlightning "
-              f"{theirs['rollouts_per_s']:.1f} -> {ratio:.2f}x (goal >= 10)")
+        print(
+            f"completed rollouts/s: reinforge {ours['rollouts_per_s']:.1f} vs agentlightning "
+            f"{theirs['rollouts_per_s']:.1f} -> {ratio:.2f}x (goal >= 10)"
+        )
         print(f"RESULT store_rollouts_per_s_ratio={ratio:.2f}")
 
 

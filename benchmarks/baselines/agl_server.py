@@ -30,8 +30,15 @@ def main() -> None:
     config.key = ""
     config.default_proxy.model_name = model_name
     app = create_app(config)
-    uvicorn.run(app, host="127.0.0.1", port=port, workers=1, timeout_keep_alive=120,
-                log_level="warning", access_log=False)
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        workers=1,
+        timeout_keep_alive=120,
+        log_level="warning",
+        access_log=False,
+    )
 
 
 if __name__ == "__main__":

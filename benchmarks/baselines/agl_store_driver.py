@@ -38,8 +38,10 @@ def _percentile(values: list[float], q: float) -> float:
 async def _enqueue(client: httpx.AsyncClient, n: int) -> list[str]:
     ids: list[str] = []
     for start in range(0, n, ENQUEUE_BATCH):
-        batch = [{"input": {"data_id": str(i), "question": f"what is {i} + {i}?"}}
-                 for i in range(start, min(n, start + ENQUEUE_BATCH))]
+        batch = [
+            {"input": {"data_id": str(i), "question": f"what is {i} + {i}?"}}
+            for i in range(start, min(n, start + ENQUEUE_BATCH))
+        ]
         response = await client.post("/api/rollouts", json=batch)
         response.raise_for_status()
         ids.extend(item["rollout_id"] for item in response.json())
@@ -57,8 +59,9 @@ async def _claim(client: httpx.AsyncClient, worker: int, running: bytes) -> tupl
             return None, 0.0
         for k in range(len(queued)):
             rollout_id = queued[(worker + k) % len(queued)]["rollout_id"]
-            patched = await client.patch(f"/api/rollouts/{rollout_id}", content=running,
-                                         headers={"content-type": "application/json"})
+            patched = await client.patch(
+                f"/api/rollouts/{rollout_id}", content=running, headers={"content-type": "application/json"}
+            )
             if patched.status_code == 200:
                 return rollout_id, (time.perf_counter() - started) * 1000
             if patched.status_code != 409:
@@ -78,8 +81,9 @@ async def _worker(url: str, worker: int, bodies: dict[str, bytes], lease_ms: lis
             for _ in range(LLM_CALLS_PER_ROLLOUT):
                 (await client.post(events, content=bodies["llm"], headers=headers)).raise_for_status()
             (await client.post(events, content=bodies["reward"], headers=headers)).raise_for_status()
-            finished = await client.patch(f"/api/rollouts/{rollout_id}", content=bodies["succeeded"],
-                                          headers=headers)
+            finished = await client.patch(
+                f"/api/rollouts/{rollout_id}", content=bodies["succeeded"], headers=headers
+            )
             finished.raise_for_status()
             done += 1
 
@@ -93,8 +97,9 @@ async def _ingest(url: str, rollout_ids: list[str], total: int, clients: int, bo
         async with httpx.AsyncClient(base_url=url, timeout=120.0) as client:
             for k in range(per_client):
                 rollout_id = rollout_ids[(c * per_client + k) % len(rollout_ids)]
-                response = await client.post(f"/api/rollouts/{rollout_id}/attempt/1/events", content=body,
-                                             headers=headers)
+                response = await client.post(
+                    f"/api/rollouts/{rollout_id}/attempt/1/events", content=body, headers=headers
+                )
                 response.raise_for_status()
 
     started = time.perf_counter()

@@ -30,19 +30,28 @@ def _response_body() -> bytes:
                 "message": {"role": "assistant", "content": "The answer is 4."},
                 "finish_reason": "stop",
                 "token_ids": COMPLETION_IDS,
-                "logprobs": {"content": [{"token": f"token_id:{t}", "logprob": -0.25, "bytes": None,
-                                          "top_logprobs": []} for t in COMPLETION_IDS]},
+                "logprobs": {
+                    "content": [
+                        {"token": f"token_id:{t}", "logprob": -0.25, "bytes": None, "top_logprobs": []}
+                        for t in COMPLETION_IDS
+                    ]
+                },
             }
         ],
-        "usage": {"prompt_tokens": len(PROMPT_IDS), "completion_tokens": len(COMPLETION_IDS),
-                  "total_tokens": len(PROMPT_IDS) + len(COMPLETION_IDS)},
+        "usage": {
+            "prompt_tokens": len(PROMPT_IDS),
+            "completion_tokens": len(COMPLETION_IDS),
+            "total_tokens": len(PROMPT_IDS) + len(COMPLETION_IDS),
+        },
     }
     return json.dumps(body).encode()
 
 
 def _http(status: str, body: bytes) -> bytes:
-    head = (f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: keep-alive\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+        "connection: keep-alive\r\n\r\n"
+    )
     return head.encode() + body
 
 
@@ -72,7 +81,7 @@ class _Upstream(asyncio.Protocol):
                     length = int(value.strip())
             if len(self.buffer) < end + 4 + length:
                 return
-            self.buffer = self.buffer[end + 4 + length:]
+            self.buffer = self.buffer[end + 4 + length :]
             method, path = head.split(" ", 2)[:2]
             if method == "POST" and path.endswith("/chat/completions"):
                 self.transport.write(CHAT)

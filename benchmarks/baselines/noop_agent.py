@@ -13,14 +13,20 @@ import urllib.parse
 
 task = json.loads(os.environ.get("REINFORGE_TASK", "{}"))
 base = urllib.parse.urlsplit(os.environ["OPENAI_BASE_URL"].rstrip("/"))
-body = json.dumps({
-    "model": os.environ.get("OPENAI_MODEL", "policy"),
-    "messages": [{"role": "user", "content": f"What is {task.get('a', 2)} + {task.get('b', 2)}?"}],
-    "max_tokens": 16,
-})
-connection = http.client.HTTPConnection(base.hostname, base.port, timeout=60)
-connection.request("POST", base.path + "/chat/completions", body=body, headers={
-    "Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]})
+body = json.dumps(
+    {
+        "model": os.environ.get("OPENAI_MODEL", "policy"),
+        "messages": [{"role": "user", "content": f"What is {task.get('a', 2)} + {task.get('b', 2)}?"}],
+        "max_tokens": 16,
+    }
+)
+connection = http.client.HTTPConnection(base.hostname or "127.0.0.1", base.port, timeout=60)
+connection.request(
+    "POST",
+    base.path + "/chat/completions",
+    body=body,
+    headers={"Content-Type": "application/json", "Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]},
+)
 response = connection.getresponse()
 reply = json.loads(response.read())
 if response.status != 200:

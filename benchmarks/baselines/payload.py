@@ -20,8 +20,28 @@ COMPLETION_TOKENS = 80
 
 
 def _words(rng: random.Random, n: int) -> str:
-    vocab = ["the", "agent", "calls", "a", "tool", "with", "arguments", "and", "reads", "result",
-             "answer", "is", "42", "step", "plan", "next", "query", "table", "rows", "sum"]
+    vocab = [
+        "the",
+        "agent",
+        "calls",
+        "a",
+        "tool",
+        "with",
+        "arguments",
+        "and",
+        "reads",
+        "result",
+        "answer",
+        "is",
+        "42",
+        "step",
+        "plan",
+        "next",
+        "query",
+        "table",
+        "rows",
+        "sum",
+    ]
     return " ".join(rng.choice(vocab) for _ in range(n))
 
 
@@ -52,11 +72,19 @@ def llm_call(seed: int = 0, pad_words: int = 0) -> dict[str, Any]:
                 "finish_reason": "stop",
             }
         ],
-        "usage": {"prompt_tokens": PROMPT_TOKENS, "completion_tokens": COMPLETION_TOKENS,
-                  "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS},
+        "usage": {
+            "prompt_tokens": PROMPT_TOKENS,
+            "completion_tokens": COMPLETION_TOKENS,
+            "total_tokens": PROMPT_TOKENS + COMPLETION_TOKENS,
+        },
     }
-    return {"request": request, "response": response, "prompt_token_ids": prompt_ids,
-            "completion_token_ids": completion_ids, "logprobs": logprobs}
+    return {
+        "request": request,
+        "response": response,
+        "prompt_token_ids": prompt_ids,
+        "completion_token_ids": completion_ids,
+        "logprobs": logprobs,
+    }
 
 
 def agl_model_request(pad_words: int) -> dict[str, Any]:
@@ -66,14 +94,24 @@ def agl_model_request(pad_words: int) -> dict[str, Any]:
     response["prompt_token_ids"] = call["prompt_token_ids"]
     choice = response["choices"][0]
     choice["token_ids"] = call["completion_token_ids"]
-    choice["logprobs"] = {"content": [{"token": str(t), "logprob": lp}
-                                      for t, lp in zip(call["completion_token_ids"], call["logprobs"],
-                                                       strict=True)]}
+    choice["logprobs"] = {
+        "content": [
+            {"token": str(t), "logprob": lp}
+            for t, lp in zip(call["completion_token_ids"], call["logprobs"], strict=True)
+        ]
+    }
     data = {
-        "model": "policy", "model_version": 0, "request": call["request"], "response": response,
+        "model": "policy",
+        "model_version": 0,
+        "request": call["request"],
+        "response": response,
         "server": {"model": "policy", "endpoint": "http://127.0.0.1:1/v1", "version": 0},
-        "latency_ms": 12.5, "http_status": 200, "status": "ok", "retry_count": 0,
-        "usage": response["usage"], "finish_reason": "stop",
+        "latency_ms": 12.5,
+        "http_status": 200,
+        "status": "ok",
+        "retry_count": 0,
+        "usage": response["usage"],
+        "finish_reason": "stop",
     }
     return {"event_type": "model_request", "data": data}
 

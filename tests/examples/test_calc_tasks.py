@@ -31,7 +31,9 @@ def test_half_of_the_problems_have_a_precedence_conflict() -> None:
 
 
 def test_held_out_split_never_appears_in_training() -> None:
-    train = {t["question"] for t in train_tasks(4000, seed=0)} | {t["question"] for t in train_tasks(4000, seed=9)}
+    train = {t["question"] for t in train_tasks(4000, seed=0)} | {
+        t["question"] for t in train_tasks(4000, seed=9)
+    }
     val = {t["question"] for t in val_tasks(500)}
     assert not train & val
     assert all(is_held_out(q) for q in val) and not any(is_held_out(q) for q in train)
@@ -101,8 +103,11 @@ def test_default_mix_makes_answering_early_the_likely_choice() -> None:
     one_call = sum(1 for t in traces if len(_expressions(t)) == 1 and not t[2]["content"].startswith("error"))
     two_calls = sum(1 for t in traces if len(_expressions(t)) == 2)
     assert one_call > 1.2 * two_calls
-    solved = sum(1 for t, task in zip(traces, generate_tasks("train", 2000, seed=2), strict=True)
-                 if _answers(t) == task.answer)
+    solved = sum(
+        1
+        for t, task in zip(traces, generate_tasks("train", 2000, seed=2), strict=True)
+        if _answers(t) == task.answer
+    )
     assert 0.2 < solved / len(traces) < 0.4
 
 

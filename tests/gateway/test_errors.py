@@ -8,7 +8,9 @@ import httpx
 import openai
 import pytest
 
+from reinforge.errors import InvalidRequestError
 from reinforge.gateway import ScriptedBackend
+from reinforge.types import SpanQuery
 
 from .conftest import Served, finished_attempt, running_attempt, serve
 
@@ -137,3 +139,21 @@ async def test_unknown_route_is_openai_shaped_404(served: Served) -> None:
     response = httpx.get(served.url + "/r/x/v1/chat/completions", timeout=10)
     assert response.status_code == 405
     assert "error" in response.json()
+
+
+async def test_backend_refusal_is_400_and_breaks_a_stream_cleanly(tokenizer: Any) -> None:
+    def refuse(request: Any) -> str:
+        raise InvalidRequestError("the prompt is longer than the model's 2048-token context")
+
+    for served in serve(ScriptedBackend(tokenizer, refuse)):
+        attempt_id = (await running_attempt(served.store)).attempt.attempt_id
+        client = served.client(attempt_id)
+        with pytest.raises(openai.BadRequestError, match="2048-token context"):
+            await client.chat.completions.create(model="p", messages=MESSAGES)  # type: ignore[arg-type]
+        stream = await client.chat.completions.create(model="p", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+        with pytest.raises(openai.APIError, match="2048-token context"):
+            async for _ in stream:
+                pass
+        assert served.gateway.in_flight == 0
+        await served.gateway.flush(attempt_id)
+        assert (await served.store.query_spans(SpanQuery(attempt_id=attempt_id))).total == 0

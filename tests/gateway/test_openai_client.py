@@ -90,15 +90,23 @@ async def test_chat_stream_assembles_and_records(served: Served, tokenizer: Any)
     attempt_id = (await running_attempt(served.store)).attempt.attempt_id
     messages = [{"role": "user", "content": "Hello there"}]
     stream = await served.client(attempt_id).chat.completions.create(
-        model="policy", messages=messages, stream=True, stream_options={"include_usage": True}
+        model="policy",
+        messages=messages,
+        stream=True,
+        stream_options={"include_usage": True},
+        logprobs=True,
+        extra_body={"return_token_ids": True},
     )
-    pieces, finish, usage = [], None, None
+    pieces, finish, usage, logprobs, token_ids = [], None, None, [], []
     async for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
         for choice in chunk.choices:
             if choice.delta.content:
                 pieces.append(choice.delta.content)
+            if choice.logprobs is not None and choice.logprobs.content:
+                logprobs += [t.logprob for t in choice.logprobs.content]
+            token_ids += (choice.model_extra or {}).get("token_ids") or []
             finish = choice.finish_reason or finish
     assert "".join(pieces) == "The answer is 5."
     assert len(pieces) > 1, "the text should arrive in several deltas"
@@ -107,7 +115,9 @@ async def test_chat_stream_assembles_and_records(served: Served, tokenizer: Any)
     assert usage is not None and usage.completion_tokens == len(completion)
     [span] = await llm_spans(served, attempt_id)
     assert span.attributes[semconv.ATTR_PROMPT_TOKEN_IDS] == prompt
-    assert span.attributes[semconv.ATTR_COMPLETION_TOKEN_IDS] == completion
+    assert span.attributes[semconv.ATTR_COMPLETION_TOKEN_IDS] == completion == token_ids
+    assert span.attributes[semconv.ATTR_COMPLETION_LOGPROBS] == logprobs
+    assert served.gateway.in_flight == 0
     response = span.attributes[semconv.ATTR_LLM_RESPONSE]
     assert response["object"] == "chat.completion"
     assert response["choices"][0]["message"]["content"] == "The answer is 5."
@@ -144,7 +154,8 @@ async def test_tool_call_round_trip(tool_served: Served, tokenizer: Any) -> None
     spans = await llm_spans(served, attempt_id)
     assert [s.attributes[semconv.ATTR_SEQUENCE_IN_ATTEMPT] for s in spans] == [0, 1]
     markup = '<tool_call>{"name": "calc", "arguments": {"expression": "2+3"}}</tool_call>'
-    assert spans[0].attributes[semconv.ATTR_COMPLETION_TOKEN_IDS] == [*tokenizer.encode(markup, add_special_tokens=False), tokenizer.eos_token_id]
+    markup_ids = tokenizer.encode(markup, add_special_tokens=False)
+    assert spans[0].attributes[semconv.ATTR_COMPLETION_TOKEN_IDS] == [*markup_ids, tokenizer.eos_token_id]
     assert spans[0].attributes[semconv.ATTR_FINISH_REASON] == "tool_calls"
     # The second prompt holds the first call through the chat template, tool result included.
     prompt_text = tokenizer.decode(spans[1].attributes[semconv.ATTR_PROMPT_TOKEN_IDS])
@@ -220,13 +231,14 @@ async def test_responses_api_text_and_function_tools(tool_served: Served, tokeni
     assert request.messages is not None
     assert [m["role"] for m in request.messages] == ["system", "user", "assistant", "tool"]
     assert request.messages[2]["tool_calls"][0]["function"]["name"] == "calc"
-    assert spans[1].attributes[semconv.ATTR_COMPLETION_TOKEN_IDS] == [*tokenizer.encode("It is 5.", add_special_tokens=False), tokenizer.eos_token_id]
+    reply_ids = tokenizer.encode("It is 5.", add_special_tokens=False)
+    assert spans[1].attributes[semconv.ATTR_COMPLETION_TOKEN_IDS] == [*reply_ids, tokenizer.eos_token_id]
 
 
 async def test_responses_stream_events(served: Served) -> None:
     attempt_id = (await running_attempt(served.store)).attempt.attempt_id
     stream = await served.client(attempt_id).responses.create(
-        model="policy", input="Hello there", stream=True
+        model="policy", input="Hello there", stream=True, include=["message.output_text.logprobs"]
     )
     kinds, text, final = [], [], None
     async for event in stream:
@@ -241,6 +253,9 @@ async def test_responses_stream_events(served: Served) -> None:
     assert final is not None and final.output_text == "The answer is 5."
     [span] = await llm_spans(served, attempt_id)
     assert span.attributes[semconv.ATTR_LLM_RESPONSE]["output"][0]["content"][0]["text"] == "The answer is 5."
+    content = final.output[0].content[0]  # type: ignore[union-attr]
+    recorded = span.attributes[semconv.ATTR_COMPLETION_LOGPROBS]
+    assert [t.logprob for t in content.logprobs] == recorded  # type: ignore[union-attr]
 
 
 async def test_completions_with_text_and_token_prompts(served: Served, tokenizer: Any) -> None:

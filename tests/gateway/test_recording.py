@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from reinforge import semconv
-from reinforge.errors import StoreUnavailableError
+from reinforge.errors import PayloadTooLargeError, StoreUnavailableError
 from reinforge.gateway import ScriptedBackend, SpanRecorder, create_gateway_app
 from reinforge.serving import BackgroundServer
 from reinforge.store.memory import MemoryStore
@@ -52,6 +52,15 @@ class FlakyStore(MemoryStore):
         return await super().add_spans(spans)
 
 
+class PickyStore(MemoryStore):
+    """A real store that refuses any batch holding a span named "huge" (over its body limit)."""
+
+    async def add_spans(self, spans: Sequence[Span]) -> int:
+        if any(s.name == "huge" for s in spans):
+            raise PayloadTooLargeError("request body exceeds the 1-byte limit")
+        return await super().add_spans(spans)
+
+
 def span(attempt_id: str, n: int) -> Span:
     return Span(rollout_id="r", attempt_id=attempt_id, name=f"s{n}")
 
@@ -85,6 +94,21 @@ async def test_failed_writes_are_retried_until_stored() -> None:
     assert (await store.query_spans(SpanQuery(attempt_id="b"))).total == 3
     assert recorder.write_errors == 2
     await recorder.flush("never-recorded")  # nothing pending: returns at once
+    await recorder.close()
+
+
+async def test_a_span_the_store_refuses_is_isolated_not_a_stall() -> None:
+    store = PickyStore()
+    recorder = SpanRecorder(store, linger_s=0.2)
+    recorder.start()
+    for n in range(5):
+        await recorder.record(span("c", n))
+    await recorder.record(Span(rollout_id="r", attempt_id="c", name="huge"))
+    await recorder.record(span("c", 5))
+    await asyncio.wait_for(recorder.flush("c"), 5)
+    stored = (await store.query_spans(SpanQuery(attempt_id="c"))).items
+    assert sorted(s.name for s in stored) == [f"s{n}" for n in range(6)]
+    assert recorder.rejected == 1
     await recorder.close()
 
 
@@ -178,3 +202,39 @@ async def test_mounted_beside_the_store_server(tokenizer: Any) -> None:
         assert [s.name for s in spans] == [semconv.SPAN_LLM_CALL]
         with pytest.raises(openai.NotFoundError):
             await served.client("missing").chat.completions.create(model="p", messages=MESSAGES)  # type: ignore[arg-type]
+
+
+async def test_shutdown_writes_the_spans_still_queued(tokenizer: Any) -> None:
+    for served in serve(ScriptedBackend(tokenizer, ["bye"]), span_linger_s=30.0):
+        attempt_id = (await running_attempt(served.store)).attempt.attempt_id
+        for _ in range(3):
+            await served.client(attempt_id).chat.completions.create(model="p", messages=MESSAGES)  # type: ignore[arg-type]
+        queued = await served.store.query_spans(SpanQuery(attempt_id=attempt_id))
+        assert queued.total == 0, "still lingering"
+    # Leaving `serve` stopped the server; its lifespan closed the gateway, which wrote them.
+    assert (await served.store.query_spans(SpanQuery(attempt_id=attempt_id))).total == 3
+
+
+async def test_concurrent_attempts_each_get_all_their_spans(served: Served) -> None:
+    attempts = [(await running_attempt(served.store)).attempt.attempt_id for _ in range(6)]
+
+    async def agent(attempt_id: str) -> None:
+        client = served.client(attempt_id)
+        for i in range(4):
+            if i % 2:
+                stream = await client.chat.completions.create(model="p", messages=MESSAGES, stream=True)  # type: ignore[arg-type]
+                async for _ in stream:
+                    pass
+            else:
+                await client.chat.completions.create(model="p", messages=MESSAGES)  # type: ignore[arg-type]
+        async with httpx.AsyncClient() as http:
+            flushed = await http.post(
+                f"{served.url}/r/{attempt_id}/flush", headers=served.headers(attempt_id)
+            )
+            assert flushed.status_code == 200
+        # The flush returned, so this attempt's four spans are stored, whatever the others are doing.
+        spans = (await served.store.query_spans(SpanQuery(attempt_id=attempt_id))).items
+        assert sorted(s.attributes[semconv.ATTR_SEQUENCE_IN_ATTEMPT] for s in spans) == [0, 1, 2, 3]
+
+    await asyncio.gather(*[agent(a) for a in attempts])
+    assert served.gateway.in_flight == 0

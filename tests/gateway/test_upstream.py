@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -261,3 +262,7 @@ async def test_gateway_over_vllm_records_upstream_ids(
             assert span.attributes[semconv.ATTR_PROMPT_TOKEN_IDS] == recorded["prompt_token_ids"]
             assert span.attributes[semconv.ATTR_COMPLETION_TOKEN_IDS] == recorded["choices"][0]["token_ids"]
             assert span.attributes[semconv.ATTR_MODEL] == "Qwen/Qwen2.5-1.5B-Instruct"
+        fake.fail = (503, {"message": "engine overloaded"})
+        with pytest.raises(openai.InternalServerError, match="engine overloaded") as caught:
+            await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        assert caught.value.status_code == 502

@@ -117,3 +117,48 @@ async def test_a_killed_runner_s_rollout_is_retried_by_another_runner(stack: Sta
         ]
     finally:
         await store.close()
+
+
+async def test_signals_stop_the_runner_first_gently_then_at_once(stack: Stack, tmp_path: Path) -> None:
+    (tmp_path / "stuck_agent.py").write_text(
+        "import time\n\ndef run(task, llm):\n    time.sleep(60)\n    return 0.0\n"
+    )
+    store = HttpStoreClient(stack.store_url, STORE_TOKEN)
+    try:
+        rollouts = await enqueue(store, {"q": 1})
+        rollout_id = rollouts[0].rollout_id
+        env = {k: v for k, v in os.environ.items() if not k.startswith("REINFORGE_")}
+        env["REINFORGE_GATEWAY_SECRET"] = GATEWAY_SECRET  # the secret may come from the environment
+        proc = subprocess.Popen(
+            [
+                sys.executable, "-c", RUNNER_MAIN, "--store", stack.store_url, "--store-token", STORE_TOKEN,
+                "--agent", "stuck_agent:run", "--runner-id", "signalled",
+            ],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        try:
+
+            async def running() -> bool:
+                return (await store.get_rollout(rollout_id)).status == RolloutStatus.running
+
+            await until(running, timeout=60)
+            proc.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.5)
+            assert proc.poll() is None, "the first signal lets the running attempt finish"
+            proc.send_signal(signal.SIGTERM)
+            out, _ = await asyncio.to_thread(proc.communicate, timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 130, out.decode()
+        assert b"leased 1, succeeded 0, failed 1" in out
+        rollout = await store.get_rollout(rollout_id)
+        assert rollout.status == RolloutStatus.queued  # back in the queue for another runner
+        (attempt,) = (await store.query_attempts(AttemptQuery(rollout_id=rollout_id))).items
+        assert attempt.status == AttemptStatus.failed and attempt.error == "the runner stopped"
+    finally:
+        await store.close()

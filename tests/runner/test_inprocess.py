@@ -40,16 +40,18 @@ async def test_async_openai_agent_calls_are_recorded_with_backend_token_ids(stac
             )
             with reinforge.span("check", kind="tool"):
                 await asyncio.sleep(0.05)  # overlap with the other attempts
-            second = await client.chat.completions.create(
+            stream = await client.chat.completions.create(
                 model=llm.model,
                 messages=[
                     {"role": "user", "content": task["question"]},
-                    first.choices[0].message.model_dump(),
+                    {"role": "assistant", "content": first.choices[0].message.content},
                 ],
+                stream=True,
             )
+            second = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
             await client.close()
             reinforge.emit_reward(0.5, name="checked")
-            return 1.0 if "4" in (second.choices[0].message.content or "") else 0.0
+            return 1.0 if "4" in second else 0.0
         finally:
             running -= 1
 
@@ -261,9 +263,40 @@ async def test_agents_see_the_resources_version_they_run_with(stack: Stack) -> N
     await stack.store.put_resources({"model": "policy-v1", "prompt": "Q1: {q}"})
     pinned = await enqueue(stack.store, {"q": "a"}, resources_version=0)
     latest = await enqueue(stack.store, {"q": "b"})
-    await Runner(stack.store, record, stack.gateway_url, GATEWAY_SECRET).run(max_rollouts=2)
+    runner = Runner(stack.store, record, stack.gateway_url, GATEWAY_SECRET)
+    await runner.run(max_rollouts=2)
     await wait_final(stack.store, pinned + latest)
     assert seen == [("policy-v0", 0, "Q0: a"), ("policy-v1", 1, "Q1: b")]
+
+    # "Put resources, then enqueue": the same runner (and its cache) shows the new version at once.
+    await stack.store.put_resources({"model": "policy-v2", "prompt": "Q2: {q}"})
+    newer = await enqueue(stack.store, {"q": "c"})
+    await runner.run(max_rollouts=1)
+    await wait_final(stack.store, newer)
+    assert seen[-1] == ("policy-v2", 2, "Q2: c")
+
+
+async def test_drain_timeout_gives_running_attempts_back_for_a_retry(stack: Stack) -> None:
+    started = asyncio.Event()
+
+    @reinforge.agent
+    async def stuck(task: dict[str, Any], llm: LLM) -> float:
+        started.set()
+        await asyncio.sleep(60)
+        return 1.0
+
+    rollouts = await enqueue(stack.store, {})
+    stop = asyncio.Event()
+    runner = Runner(stack.store, stuck, stack.gateway_url, GATEWAY_SECRET, drain_timeout_s=0.2)
+    run = asyncio.create_task(runner.run(stop=stop))
+    await asyncio.wait_for(started.wait(), 10)
+    stop.set()
+    stats = await asyncio.wait_for(run, 10)
+    assert stats.failed == 1 and stats.errors == ["the runner stopped"]
+    rollout = await stack.store.get_rollout(rollouts[0].rollout_id)
+    assert rollout.status == RolloutStatus.queued and rollout.attempt_count == 1
+    (attempt,) = (await stack.store.query_attempts(AttemptQuery(rollout_id=rollout.rollout_id))).items
+    assert attempt.status == AttemptStatus.failed and attempt.error == "the runner stopped"
 
 
 async def test_runner_over_http_store_and_bad_configuration(stack: Stack, http_store: Any) -> None:

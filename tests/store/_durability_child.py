@@ -15,7 +15,13 @@ async def main(url: str, schema: str | None) -> None:
     batch_no = 0
     while True:
         spans = [
-            Span(span_id=f"{batch_no:08x}{i:08x}", rollout_id="r", attempt_id="a", name="llm", attributes={"i": i})
+            Span(
+                span_id=f"{batch_no:08x}{i:08x}",
+                rollout_id="r",
+                attempt_id="a",
+                name="llm",
+                attributes={"i": i},
+            )
             for i in range(20)
         ]
         await store.add_spans(spans)

@@ -10,6 +10,7 @@ import pytest
 from reinforge.errors import ConflictError, InvalidRequestError, NotFoundError, StaleAttemptError
 from reinforge.store import Store
 from reinforge.types import (
+    MAX_STORED_INT,
     AttemptOutcome,
     AttemptQuery,
     AttemptStatus,
@@ -22,6 +23,9 @@ from reinforge.types import (
     SpanStatus,
     SpanStatusCode,
 )
+
+from .chaos import run_chaos
+from .conftest import WAKE_LIMIT
 
 SHORT_LEASE = 0.3
 
@@ -51,7 +55,9 @@ def span(rollout_id: str, attempt_id: str, name: str = "step", **attrs: object) 
 
 async def test_enqueue_returns_rollouts_in_order_with_their_fields(store: Store) -> None:
     specs = [
-        RolloutSpec(task={"q": "1+1", "a": 2}, task_id="t1", group_id="g", resources_version=3, max_attempts=2),
+        RolloutSpec(
+            task={"q": "1+1", "a": 2}, task_id="t1", group_id="g", resources_version=3, max_attempts=2
+        ),
         RolloutSpec(task={"q": "2+2"}, mode=RolloutMode.val, metadata={"k": [1, 2]}),
     ]
     r1, r2 = await store.enqueue_rollouts(specs)
@@ -139,7 +145,7 @@ async def test_long_poll_lease_wakes_on_enqueue(store: Store) -> None:
     start = time.monotonic()
     (rid,) = await enqueue(store, 1)
     leased = await asyncio.wait_for(waiter, 5)
-    assert time.monotonic() - start < 0.5  # woken by the enqueue, not by a timer
+    assert time.monotonic() - start < WAKE_LIMIT  # woken by the enqueue, not by a timer
     assert [lr.rollout.rollout_id for lr in leased] == [rid]
 
 
@@ -192,7 +198,11 @@ async def test_expired_lease_times_out_and_a_new_attempt_follows(store: Store) -
     rollout = await store.get_rollout(rid)
     assert rollout.status is RolloutStatus.queued and rollout.attempt_count == 1
     old = await store.get_attempt(first.attempt.attempt_id)
-    assert old.status is AttemptStatus.timeout and old.finished_at is not None and "timed out" in (old.error or "")
+    assert (
+        old.status is AttemptStatus.timeout
+        and old.finished_at is not None
+        and "timed out" in (old.error or "")
+    )
 
     (second,) = await store.lease_rollouts("live-runner", lease_seconds=30)
     assert second.rollout.rollout_id == rid and second.attempt.attempt_no == 2
@@ -222,7 +232,9 @@ async def test_finish_after_the_deadline_is_stale_even_before_anyone_else_leases
     with pytest.raises(StaleAttemptError):
         await store.finish_attempt(lr.attempt.attempt_id, ok(1.0))
     rollout = await store.get_rollout(rid)
-    assert rollout.status is RolloutStatus.failed and rollout.reward is None and rollout.finished_at is not None
+    assert (
+        rollout.status is RolloutStatus.failed and rollout.reward is None and rollout.finished_at is not None
+    )
 
 
 async def test_failed_attempts_retry_until_max_attempts(store: Store) -> None:
@@ -235,7 +247,9 @@ async def test_failed_attempts_retry_until_max_attempts(store: Store) -> None:
     (lr,) = await store.lease_rollouts("r")
     assert lr.attempt.attempt_no == 3
     rollout = await store.finish_attempt(lr.attempt.attempt_id, failed("err3"))
-    assert rollout.status is RolloutStatus.failed and rollout.error == "err3" and rollout.finished_at is not None
+    assert (
+        rollout.status is RolloutStatus.failed and rollout.error == "err3" and rollout.finished_at is not None
+    )
     assert await store.lease_rollouts("r") == []
     with pytest.raises(StaleAttemptError):
         await store.finish_attempt(lr.attempt.attempt_id, ok())
@@ -289,7 +303,11 @@ async def test_cancel(store: Store) -> None:
 
     out = await store.cancel_rollouts([done, running, finished])
     assert [r.rollout_id for r in out] == [done, running, finished]
-    assert [r.status for r in out] == [RolloutStatus.cancelled, RolloutStatus.cancelled, RolloutStatus.succeeded]
+    assert [r.status for r in out] == [
+        RolloutStatus.cancelled,
+        RolloutStatus.cancelled,
+        RolloutStatus.succeeded,
+    ]
     assert (await store.get_attempt(running_lr.attempt.attempt_id)).status is AttemptStatus.cancelled
     with pytest.raises(StaleAttemptError):
         await store.finish_attempt(running_lr.attempt.attempt_id, ok(1.0))
@@ -300,7 +318,9 @@ async def test_cancel(store: Store) -> None:
 async def test_cancelled_outcome_cancels_the_rollout(store: Store) -> None:
     await enqueue(store, 1)
     (lr,) = await store.lease_rollouts("r")
-    rollout = await store.finish_attempt(lr.attempt.attempt_id, AttemptOutcome(status=AttemptStatus.cancelled))
+    rollout = await store.finish_attempt(
+        lr.attempt.attempt_id, AttemptOutcome(status=AttemptStatus.cancelled)
+    )
     assert rollout.status is RolloutStatus.cancelled
 
 
@@ -312,7 +332,7 @@ async def test_spans_are_batched_idempotent_and_ordered_by_arrival(store: Store)
     assert await store.add_spans(a) == 3
     assert await store.add_spans(a) == 0
     b = [span("r1", "a2", "tool"), a[0], span("r2", "a3", "llm")]
-    assert await store.add_spans(b + [b[0]]) == 2
+    assert await store.add_spans([*b, b[0]]) == 2
     assert await store.add_spans([]) == 0
 
     page = await store.query_spans(SpanQuery())
@@ -439,7 +459,7 @@ async def test_wait_for_rollouts_wakes_when_the_last_one_finishes(store: Store) 
     start = time.monotonic()
     await store.finish_attempt(leased[2].attempt.attempt_id, failed(retryable=False))
     done = await asyncio.wait_for(waiter, 5)
-    assert time.monotonic() - start < 0.5
+    assert time.monotonic() - start < WAKE_LIMIT
     assert [r.rollout_id for r in done] == ids
     assert [r.status for r in done] == [RolloutStatus.succeeded] * 2 + [RolloutStatus.failed]
 
@@ -497,3 +517,64 @@ async def test_counters(store: Store) -> None:
     assert c.attempts_by_status.get(AttemptStatus.running) == 1
     assert c.attempts_by_status.get(AttemptStatus.succeeded) == 1
     assert (c.spans, c.resources_versions, c.latest_resources_version) == (2, 1, 4)
+
+
+async def test_long_poll_lease_wakes_on_a_retry_and_on_an_expiry(store: Store) -> None:
+    (rid,) = await enqueue(store, 1, max_attempts=3)
+    (first,) = await store.lease_rollouts("a")
+    waiter = asyncio.create_task(store.lease_rollouts("b", wait_seconds=10))
+    await asyncio.sleep(0.2)
+    assert not waiter.done()
+    start = time.monotonic()
+    await store.finish_attempt(first.attempt.attempt_id, failed())  # retryable: back in the queue
+    (second,) = await asyncio.wait_for(waiter, 5)
+    assert time.monotonic() - start < WAKE_LIMIT
+    assert (second.rollout.rollout_id, second.attempt.attempt_no) == (rid, 2)
+
+    # Nobody heartbeats the second attempt: a waiting lease picks the rollout up at its deadline.
+    await store.heartbeat(second.attempt.attempt_id, lease_seconds=SHORT_LEASE)
+    start = time.monotonic()
+    (third,) = await store.lease_rollouts("c", wait_seconds=10)
+    assert SHORT_LEASE * 0.5 < time.monotonic() - start < SHORT_LEASE + 1.0
+    assert third.attempt.attempt_no == 3
+    assert (await store.get_attempt(second.attempt.attempt_id)).status is AttemptStatus.timeout
+
+
+async def test_out_of_range_values_are_rejected_not_crashing(store: Store) -> None:
+    with pytest.raises(InvalidRequestError):
+        await store.put_resources({"x": 1}, version=2**70)
+    with pytest.raises(InvalidRequestError):
+        await store.get_resources(2**70)
+    with pytest.raises(InvalidRequestError):
+        await store.lease_rollouts("r", lease_seconds=1e12)
+    v = await store.put_resources({"x": 1}, version=MAX_STORED_INT)
+    assert (await store.get_resources()).version == v.version == MAX_STORED_INT
+    await enqueue(store, 2, resources_version=MAX_STORED_INT)
+    huge = MAX_STORED_INT
+    page = await store.query_rollouts(RolloutQuery(offset=huge))
+    assert (page.total, page.items, page.next_offset) == (2, [], None)
+    assert (await store.query_spans(SpanQuery(offset=huge))).items == []
+    assert (await store.query_attempts(AttemptQuery(offset=huge))).items == []
+
+
+async def test_unicode_round_trips_and_nul_in_ids_is_rejected(store: Store) -> None:
+    rid = "ünï-çødé-🙂"
+    (r,) = await store.enqueue_rollouts([RolloutSpec(rollout_id=rid, task={"t": rid + "\x00"})])
+    assert r.rollout_id == rid and (await store.get_rollout(rid)).task == {"t": rid + "\x00"}
+    # Ids are matched by equality everywhere, and PostgreSQL text can't hold NUL: a clear 400.
+    with pytest.raises(InvalidRequestError):
+        await store.enqueue_rollouts([RolloutSpec(rollout_id="with\x00nul")])
+    with pytest.raises(InvalidRequestError):
+        await store.add_spans([span("r\x00", "a")])
+    with pytest.raises(InvalidRequestError):
+        await store.lease_rollouts("runner\x00")
+    with pytest.raises((NotFoundError, InvalidRequestError)):
+        await store.get_attempt("no\x00such")
+    # An error text is free-form (often raw process output): NUL is replaced, not refused.
+    (lr,) = await store.lease_rollouts("r")
+    done = await store.finish_attempt(lr.attempt.attempt_id, failed("bad\x00output", retryable=False))
+    assert done.error == "bad\ufffdoutput"
+
+
+async def test_chaos_keeps_the_invariants(store: Store) -> None:
+    await run_chaos([store])

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from reinforge.errors import InvalidRequestError
+from reinforge.errors import InvalidRequestError, StoreUnavailableError
 from reinforge.store import MemoryStore, SqlStore, Store, open_store
 from reinforge.types import RolloutSpec
 
@@ -40,3 +40,11 @@ async def test_unknown_urls_are_rejected_with_the_forms_we_accept() -> None:
     for url in ("redis://x", "store.db", ""):
         with pytest.raises(InvalidRequestError, match="sqlite:///"):
             await open_store(url)
+
+
+async def test_an_unreachable_database_is_a_clear_unavailable_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreUnavailableError):
+        await open_store("postgresql://root@127.0.0.1:1/test")
+    (tmp_path / "dir.db").mkdir()
+    with pytest.raises(StoreUnavailableError):
+        await open_store(f"sqlite:///{tmp_path / 'dir.db'}")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -17,7 +16,7 @@ from reinforge.store.memory import MemoryStore
 from reinforge.store.server import create_store_app
 
 TOKEN = "test-token-" + "x" * 20
-PG_ADMIN_URL = os.environ.get("REINFORGE_TEST_PG", "postgresql://root@127.0.0.1:5432/test")
+PG_URL = "postgresql://root@127.0.0.1:5432/test"
 
 
 async def _memory() -> Store:
@@ -58,21 +57,17 @@ async def http(server: BackgroundServer) -> AsyncIterator[httpx.AsyncClient]:
 
 
 @pytest.fixture
-def pg_database() -> Iterator[str]:
-    """A fresh PostgreSQL database for one test, dropped afterwards."""
+def pg_url() -> Iterator[str]:
+    """A PostgreSQL store URL in a fresh schema of database `test`, dropped afterwards."""
     import psycopg
 
-    name = "reinforge_ss_" + uuid.uuid4().hex[:10]
-    admin = PG_ADMIN_URL
     try:
-        conn = psycopg.connect(admin, autocommit=True, connect_timeout=5)
+        psycopg.connect(PG_URL, connect_timeout=3).close()
     except psycopg.OperationalError as exc:
-        pytest.skip(f"PostgreSQL not reachable at {admin}: {exc}")
-    with conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    url = admin.rsplit("/", 1)[0] + "/" + name
+        pytest.skip(f"PostgreSQL not reachable at {PG_URL}: {exc}")
+    schema = "rf_ss_" + uuid.uuid4().hex[:12]
     try:
-        yield url
+        yield f"{PG_URL}?schema={schema}"
     finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        with psycopg.connect(PG_URL, autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')

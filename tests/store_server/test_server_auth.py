@@ -80,12 +80,16 @@ def _store_routes(server: BackgroundServer) -> list[tuple[str, str]]:
     for path, item in spec["paths"].items():
         for method in item:
             if path.startswith("/store/"):
-                concrete = path.replace("{rollout_id}", "r1").replace("{attempt_id}", "a1").replace("{version}", "0")
+                concrete = (
+                    path.replace("{rollout_id}", "r1").replace("{attempt_id}", "a1").replace("{version}", "0")
+                )
                 routes.append((method.upper(), concrete))
     return routes
 
 
-@pytest.mark.parametrize("header", [None, "Bearer wrong-token", "Basic " + TOKEN, f"Bearer {TOKEN}x", "Bearer"])
+@pytest.mark.parametrize(
+    "header", [None, "Bearer wrong-token", "Basic " + TOKEN, f"Bearer {TOKEN}x", "Bearer"]
+)
 def test_every_store_route_needs_the_token(server: BackgroundServer, header: str | None) -> None:
     routes = _store_routes(server)
     assert len(routes) >= 16

@@ -117,7 +117,9 @@ async def test_streamed_oversize_body_is_413(server: BackgroundServer) -> None:
         yield b"]}"
 
     async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"}) as http:
-        response = await http.post("/store/spans", content=chunks(), headers={"content-type": "application/json"})
+        response = await http.post(
+            "/store/spans", content=chunks(), headers={"content-type": "application/json"}
+        )
         _assert_error(response, 413, "PayloadTooLargeError", "limit")
 
 
@@ -125,7 +127,8 @@ async def test_bad_content_length_is_400(server: BackgroundServer) -> None:
     import socket
 
     raw = (
-        b"POST /store/spans HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode()
+        b"POST /store/spans HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + TOKEN.encode()
         + b"\r\nContent-Length: abc\r\n\r\n"
     )
     with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:

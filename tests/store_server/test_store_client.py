@@ -34,7 +34,10 @@ def _span(rollout_id: str, attempt_id: str, i: int) -> Span:
         rollout_id=rollout_id,
         attempt_id=attempt_id,
         name="reinforge.llm_call",
-        attributes={"reinforge.llm.prompt_token_ids": list(range(i, i + 50)), "nested": {"k": [1.5, None, "é"]}},
+        attributes={
+            "reinforge.llm.prompt_token_ids": list(range(i, i + 50)),
+            "nested": {"k": [1.5, None, "é"]},
+        },
     )
 
 
@@ -43,7 +46,9 @@ async def test_client_implements_the_protocol(client: HttpStoreClient) -> None:
 
 
 async def test_round_trip_keeps_every_value(client: HttpStoreClient) -> None:
-    spec = RolloutSpec(rollout_id="a/b?c", task={"question": "1+1", "digits": [1, 2]}, group_id="g", metadata={"x": 1})
+    spec = RolloutSpec(
+        rollout_id="a/b?c", task={"question": "1+1", "digits": [1, 2]}, group_id="g", metadata={"x": 1}
+    )
     [rollout] = await client.enqueue_rollouts([spec])
     assert rollout.rollout_id == "a/b?c"
     assert (await client.get_rollout("a/b?c")).task == {"question": "1+1", "digits": [1, 2]}
@@ -119,7 +124,9 @@ async def test_waits_longer_than_one_call_are_split(
 
     async def finish_later() -> None:
         await asyncio.sleep(0.5)
-        await client.finish_attempt(leased_x.attempt.attempt_id, AttemptOutcome(status=AttemptStatus.succeeded))
+        await client.finish_attempt(
+            leased_x.attempt.attempt_id, AttemptOutcome(status=AttemptStatus.succeeded)
+        )
         await client.finish_attempt(
             leased_y.attempt.attempt_id, AttemptOutcome(status=AttemptStatus.failed, retryable=False)
         )

@@ -236,3 +236,29 @@ async def test_global_provider_routes_third_party_spans(store: MemoryStore, writ
         pass
     spans = {s.name: s for s in await _spans(store, writer)}
     assert spans["inner"].parent_id == spans["framework.step"].span_id
+
+
+async def test_pool_workers_started_inside_an_attempt_do_not_leak_it(
+    store: MemoryStore, writer: SpanWriter
+) -> None:
+    instrument_threads()
+    with ThreadPoolExecutor(1) as pool:
+        with attempt_scope(_ctx(writer)):
+            assert pool.submit(current_attempt).result() is not None  # starts the worker in the attempt
+        assert pool.submit(current_attempt).result() is None
+        loop = asyncio.get_running_loop()
+        with attempt_scope(_ctx(writer)):
+            await loop.run_in_executor(pool, emit_reward, 1.0)
+        assert await loop.run_in_executor(pool, current_attempt) is None
+
+
+async def test_json_attributes_survive_later_updates(store: MemoryStore, writer: SpanWriter) -> None:
+    with attempt_scope(_ctx(writer)), span("step", config={"a": 1}, tags=["x", 2]) as s:
+        s.set_attribute("result", {"rows": [[1, "a"]]})
+        s.set_attributes({"tags": "now a string", "empty": [], "maybe": None})
+        s.add_event("retrieved", docs=[{"id": 1}], n=1)
+    (stored,) = await _spans(store, writer)
+    attrs = stored.attributes
+    assert attrs["config"] == {"a": 1} and attrs["result"] == {"rows": [[1, "a"]]}
+    assert attrs["tags"] == "now a string" and attrs["empty"] == [] and attrs["maybe"] is None
+    assert stored.events[0].attributes == {"docs": [{"id": 1}], "n": 1}

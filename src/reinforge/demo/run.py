@@ -21,7 +21,6 @@ from reinforge.demo.agent import calc_agent
 from reinforge.demo.tasks import train_tasks, val_tasks
 from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build_warm_start, load_warm_start
 from reinforge.training.config import TrainerConfig
-from reinforge.training.sft import SftConfig
 from reinforge.training.trainer import FitResult, Trainer
 
 
@@ -70,12 +69,9 @@ def prepare_warm_start(settings: DemoSettings, console: Console) -> Path:
     if settings.rebuild_warm_start:
         console.print(f"building the warm start ({settings.warm_start_steps} SFT steps) into {cached} ...")
         started = time.monotonic()
-        report = build_warm_start(
-            cached,
-            WarmStartConfig(
-                seed=settings.seed, sft=SftConfig(steps=settings.warm_start_steps, batch_size=32)
-            ),
-        )
+        recipe = WarmStartConfig(seed=settings.seed)
+        recipe.sft = recipe.sft.model_copy(update={"steps": settings.warm_start_steps})
+        report = build_warm_start(cached, recipe)
         console.print(
             f"warm start built in {time.monotonic() - started:.0f}s: "
             f"loss {report.first_loss:.2f} -> {report.last_loss:.3f}"

@@ -36,7 +36,8 @@ class WarmStartConfig(BaseModel):
     intermediate_size: int = 512
     seed: int = 0
     mix: TraceMix = Field(default_factory=TraceMix)
-    sft: SftConfig = Field(default_factory=SftConfig)
+    sft: SftConfig = Field(default_factory=lambda: SftConfig(steps=1200, batch_size=32, warmup_steps=30))
+    """The shipped checkpoint's recipe; copying operands from the question is what takes the steps."""
 
 
 def build_warm_start(
@@ -68,7 +69,7 @@ def build_warm_start(
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     (out_dir / "warm_start.json").write_text(
-        config.model_copy(update={}).model_dump_json(indent=2) + "\n", encoding="utf-8"
+        config.model_dump_json(indent=2) + "\n", encoding="utf-8"
     )
     return report
 

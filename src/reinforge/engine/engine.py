@@ -19,7 +19,7 @@ import collections
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -105,6 +105,8 @@ class Engine:
     max_num_tokens: the most tokens (prompt + generation budget) reserved by running sequences.
     max_seq_len: the longest sequence (prompt + completion); defaults to the model's position limit.
     prefill_max_tokens: the most (padded) tokens in one prefill forward, bounding activation memory.
+    prefix_min_tokens: a new prompt whose first tokens (at least this many; 0 turns it off) are already
+        cached by a running sequence copies that KV instead of recomputing it.
     seed: seeds the shared generator used by requests without their own seed.
     """
 
@@ -118,6 +120,7 @@ class Engine:
         max_seq_len: int | None = None,
         policy_version: int = 0,
         prefill_max_tokens: int = 8192,
+        prefix_min_tokens: int = 16,
         seed: int | None = None,
     ) -> None:
         config = getattr(model, "config", None)
@@ -134,6 +137,7 @@ class Engine:
         self.tokenizer = tokenizer
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[operator]
         self.prefill_max_tokens = prefill_max_tokens
+        self.prefix_min_tokens = prefix_min_tokens
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self._version = policy_version
         self._runner: ModelRunner = make_runner(model, max_batch_size, self.max_seq_len)
@@ -151,6 +155,7 @@ class Engine:
         self._stopping = False
         self._steps = 0
         self._peak_running = 0
+        self._prefix_hits = 0
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -171,6 +176,7 @@ class Engine:
                 "waiting": len(self._waiting) + len(self._inbox),
                 "steps": self._steps,
                 "peak_running": self._peak_running,
+                "prefix_cached_tokens": self._prefix_hits,
                 "pending_updates": len(self._updates),
             }
 
@@ -386,19 +392,79 @@ class Engine:
                 break
             chosen.append(self._waiting.popleft())
             budget -= head.reserved
-        # Group similar lengths so right padding wastes little; cap padded tokens per forward.
-        chosen.sort(key=lambda s: len(s.prompt))
-        while chosen:
-            group = [chosen.pop(0)]
-            while chosen and (len(group) + 1) * len(chosen[0].prompt) <= self.prefill_max_tokens:
-                group.append(chosen.pop(0))
+        leaders, followers = self._match_prefixes(sorted(chosen, key=lambda s: len(s.prompt)))
+        sampled: list[tuple[list[_Sequence], list[int], list[float]]] = []
+        for group in self._prefill_groups(leaders, lambda s: len(s.prompt)):
             first = len(self._running)
             logits = self._runner.prefill(first, [s.prompt for s in group])
-            tokens, logprobs = sample(logits, [s.row for s in group], self._shared_gen)
+            sampled.append((group, *sample(logits, [s.row for s in group], self._shared_gen)))
+            self._enter(group, first)
+        tail = {id(seq): len(seq.prompt) - shared for seq, _, shared in followers}
+        shared_of = {id(seq): (donor, shared) for seq, donor, shared in followers}
+        for group in self._prefill_groups([f[0] for f in followers], lambda s: tail[id(s)]):
+            first = len(self._running)
+            cached = []
             for i, seq in enumerate(group):
-                seq.slot, seq.length, seq.version = first + i, len(seq.prompt), self._version
-                self._running.append(seq)
+                donor, shared = shared_of[id(seq)]
+                self._runner.move(donor.slot, first + i, shared)
+                cached.append(shared)
+            logits = self._runner.prefill(first, [s.prompt for s in group], cached)
+            sampled.append((group, *sample(logits, [s.row for s in group], self._shared_gen)))
+            self._enter(group, first)
+            self._prefix_hits += sum(cached)
+        # Accept only now: accepting may finish sequences and repack slots, which donors must not see.
+        for group, tokens, logprobs in sampled:
             self._accept(group, tokens, logprobs, events)
+
+    def _match_prefixes(
+        self, chosen: list[_Sequence]
+    ) -> tuple[list[_Sequence], list[tuple[_Sequence, _Sequence, int]]]:
+        """Split newcomers into leaders (prefilled in full) and followers, whose prompt starts with at
+        least `prefix_min_tokens` tokens already cached by a running sequence or a leader (a group of
+        rollouts of one task, a conversation that goes on): their KV is copied, not recomputed."""
+        k = self.prefix_min_tokens
+        if not k:
+            return chosen, []
+        donors: dict[tuple[int, ...], list[tuple[_Sequence, list[int]]]] = {}
+        for seq in self._running:
+            cached = (seq.prompt + seq.tokens)[: seq.length]
+            if len(cached) >= k:
+                donors.setdefault(tuple(cached[:k]), []).append((seq, cached))
+        leaders: list[_Sequence] = []
+        followers: list[tuple[_Sequence, _Sequence, int]] = []
+        for seq in chosen:
+            best: _Sequence | None = None
+            best_len = 0
+            for donor, tokens in donors.get(tuple(seq.prompt[:k]), []):
+                # At least the prompt's last token is computed: its logits give the first sample.
+                shared = _common_prefix(tokens, seq.prompt, len(seq.prompt) - 1)
+                if shared > best_len:
+                    best, best_len = donor, shared
+            if best is not None and best_len >= k:
+                followers.append((seq, best, best_len))
+            else:
+                leaders.append(seq)
+                if len(seq.prompt) >= k:
+                    donors.setdefault(tuple(seq.prompt[:k]), []).append((seq, seq.prompt))
+        return leaders, followers
+
+    def _prefill_groups(
+        self, seqs: list[_Sequence], cost: Callable[[_Sequence], int]
+    ) -> list[list[_Sequence]]:
+        """Batches of similar cost (padded tokens), each at most `prefill_max_tokens` when padded."""
+        ordered = sorted(seqs, key=cost)
+        groups: list[list[_Sequence]] = []
+        while ordered:
+            group = [ordered.pop(0)]
+            while ordered and (len(group) + 1) * cost(ordered[0]) <= self.prefill_max_tokens:
+                group.append(ordered.pop(0))
+            groups.append(group)
+        return groups
+
+    def _enter(self, group: list[_Sequence], first: int) -> None:
+        for i, seq in enumerate(group):
+            seq.slot, seq.length, seq.version = first + i, len(seq.prompt), self._version
+            self._running.append(seq)
 
     def _decode(self, events: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
         running = self._running
@@ -480,6 +546,14 @@ class Engine:
 def _put_all(items: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
     for seq, event in items:
         seq.queue.put_nowait(event)
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
 
 
 def _set_result(future: asyncio.Future[None]) -> None:

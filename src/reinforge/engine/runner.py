@@ -30,8 +30,12 @@ FAST_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 class ModelRunner(Protocol):
     """Computes next-token logits for sequences living in slots `0..n-1`."""
 
-    def prefill(self, first_slot: int, prompts: list[list[int]]) -> torch.Tensor:
-        """Fill slots `first_slot..first_slot+len(prompts)-1`; return float32 logits `[m, vocab]`."""
+    def prefill(
+        self, first_slot: int, prompts: list[list[int]], cached: list[int] | None = None
+    ) -> torch.Tensor:
+        """Fill slots `first_slot..first_slot+len(prompts)-1`; return float32 logits `[m, vocab]` at each
+        prompt's last position. `cached[i]` leading positions of prompt i are already in its slot
+        (copied from a sequence with the same prefix) and are not recomputed."""
         ...
 
     def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
@@ -39,7 +43,7 @@ class ModelRunner(Protocol):
         ...
 
     def move(self, src: int, dst: int, length: int) -> None:
-        """Move the first `length` cached positions of slot `src` into slot `dst`."""
+        """Copy the first `length` cached positions of slot `src` into slot `dst` (`src` is unchanged)."""
         ...
 
     def refresh_weights(self) -> None:
@@ -52,11 +56,6 @@ def make_runner(model: torch.nn.Module, max_slots: int, max_seq_len: int) -> Mod
     if SlotCacheRunner.supports(model):
         return SlotCacheRunner(model, max_slots, max_seq_len)
     return RecomputeRunner(model)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class _Layer:
@@ -127,7 +126,9 @@ class SlotCacheRunner:
             positions = self._arange[None, :]
             probe = torch.empty(1, device=self.device, dtype=self.dtype)
             cos, sin = inner.rotary_emb(probe, positions)
-        self.cos, self.sin = cos[0], sin[0]
+        half = self.head_dim // 2
+        self.cos = cos[0]
+        self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
 
     def _ensure_capacity(self, slots: int, length: int) -> None:
         if slots <= self._slot_cap and length <= self._len_cap:
@@ -143,14 +144,16 @@ class SlotCacheRunner:
         self._k, self._v = k, v
         self._slot_cap, self._len_cap = new_slots, new_len
 
-    def _split_heads(self, qkv: torch.Tensor, batch: int, length: int) -> tuple[torch.Tensor, ...]:
+    def _split_heads(
+        self, qkv: torch.Tensor, batch: int, length: int, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k (both rotated in one pass over their shared slice of `qkv`) and v, as [b, heads, len, d]."""
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        q, k, v = qkv.split([h * d, kv * d, kv * d], dim=-1)
-        return (
-            q.view(batch, length, h, d).transpose(1, 2),
-            k.view(batch, length, kv, d).transpose(1, 2),
-            v.view(batch, length, kv, d).transpose(1, 2),
-        )
+        qk = qkv[..., : (h + kv) * d].reshape(batch, length, h + kv, d).transpose(1, 2)
+        # rotate_half(x) * sin == roll(x, d/2) * sin_signed, with the sign folded into the table.
+        qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
+        v = qkv[..., (h + kv) * d :].reshape(batch, length, kv, d).transpose(1, 2)
+        return qk[:, :h], qk[:, h:], v
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         h = F.rms_norm(x, (x.shape[-1],), layer.ln2_w, layer.ln2_eps)
@@ -162,7 +165,11 @@ class SlotCacheRunner:
         return F.linear(hidden, self.head_w, self.head_b).float()
 
     @torch.inference_mode()
-    def prefill(self, first_slot: int, prompts: list[list[int]]) -> torch.Tensor:
+    def prefill(
+        self, first_slot: int, prompts: list[list[int]], cached: list[int] | None = None
+    ) -> torch.Tensor:
+        if cached is not None and any(cached):
+            return self._extend(first_slot, prompts, cached)
         m = len(prompts)
         lengths = [len(p) for p in prompts]
         padded_len = max(lengths)
@@ -176,9 +183,7 @@ class SlotCacheRunner:
         slots = slice(first_slot, first_slot + m)
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
-            q, k, v = self._split_heads(F.linear(h, layer.qkv_w, layer.qkv_b), m, padded_len)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k, v = self._split_heads(F.linear(h, layer.qkv_w, layer.qkv_b), m, padded_len, cos, sin)
             # Right padding + a causal mask: a real query never sees a padding key, and the padding
             # written to the cache lies beyond the sequence's length, where decode masks it out.
             self._k[index, slots, :, :padded_len] = k
@@ -187,6 +192,41 @@ class SlotCacheRunner:
             attn = attn.transpose(1, 2).reshape(m, padded_len, -1)
             x = self._mlp(layer, x + F.linear(attn, layer.o_w, layer.o_b))
         last = torch.tensor([n - 1 for n in lengths], device=self.device)
+        return self._logits(x[torch.arange(m, device=self.device), last])
+
+    def _extend(self, first_slot: int, prompts: list[list[int]], cached: list[int]) -> torch.Tensor:
+        """Prefill only the uncached tail of each prompt, attending to its cached prefix too."""
+        m = len(prompts)
+        tails = [p[c:] for p, c in zip(prompts, cached, strict=True)]
+        width = max(len(t) for t in tails)
+        span = max(len(p) for p in prompts)
+        self._ensure_capacity(first_slot + m, span)
+        ids = torch.zeros(m, width, dtype=torch.long)
+        valid = torch.zeros(m, width, dtype=torch.bool)
+        for i, t in enumerate(tails):
+            ids[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+            valid[i, : len(t)] = True
+        valid = valid.to(self.device)
+        starts = torch.tensor(cached, device=self.device)
+        # Padding positions are clamped inside the context; they are never written to the cache.
+        pos = (starts[:, None] + self._arange[:width][None, :]).clamp(max=self.max_seq_len - 1)
+        rows = torch.arange(first_slot, first_slot + m, device=self.device)[:, None].expand(m, width)[valid]
+        cols = pos[valid]
+        x = F.embedding(ids.to(self.device), self.embed)
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
+        mask = (self._arange[:span][None, None, :] <= pos[:, :, None])[:, None]
+        gqa = self.num_kv_heads != self.num_heads
+        slots = slice(first_slot, first_slot + m)
+        for index, layer in enumerate(self.layers):
+            h = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
+            q, k, v = self._split_heads(F.linear(h, layer.qkv_w, layer.qkv_b), m, width, cos, sin)
+            self._k[index, rows, :, cols] = k.transpose(1, 2)[valid]
+            self._v[index, rows, :, cols] = v.transpose(1, 2)[valid]
+            keys, values = self._k[index, slots, :, :span], self._v[index, slots, :, :span]
+            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
+            attn = attn.transpose(1, 2).reshape(m, width, -1)
+            x = self._mlp(layer, x + F.linear(attn, layer.o_w, layer.o_b))
+        last = torch.tensor([len(t) - 1 for t in tails], device=self.device)
         return self._logits(x[torch.arange(m, device=self.device), last])
 
     @torch.inference_mode()
@@ -202,9 +242,7 @@ class SlotCacheRunner:
         gqa = self.num_kv_heads != self.num_heads
         for index, layer in enumerate(self.layers):
             h = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
-            q, k, v = self._split_heads(F.linear(h, layer.qkv_w, layer.qkv_b), n, 1)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            q, k, v = self._split_heads(F.linear(h, layer.qkv_w, layer.qkv_b), n, 1, cos, sin)
             k_cache, v_cache = self._k[index], self._v[index]
             k_cache[rows, :, pos] = k[:, :, 0]
             v_cache[rows, :, pos] = v[:, :, 0]
@@ -217,6 +255,7 @@ class SlotCacheRunner:
     @torch.inference_mode()
     def move(self, src: int, dst: int, length: int) -> None:
         if length:
+            self._ensure_capacity(max(src, dst) + 1, length)
             self._k[:, dst, :, :length] = self._k[:, src, :, :length]
             self._v[:, dst, :, :length] = self._v[:, src, :, :length]
 
@@ -249,7 +288,9 @@ class RecomputeRunner:
         )
         return out.logits[:, -1].float()
 
-    def prefill(self, first_slot: int, prompts: list[list[int]]) -> torch.Tensor:
+    def prefill(
+        self, first_slot: int, prompts: list[list[int]], cached: list[int] | None = None
+    ) -> torch.Tensor:
         for i, p in enumerate(prompts):
             self._seqs[first_slot + i] = list(p)
         return self._last_logits(prompts)
@@ -260,7 +301,7 @@ class RecomputeRunner:
         return self._last_logits([self._seqs[slot] for slot in range(len(tokens))])
 
     def move(self, src: int, dst: int, length: int) -> None:
-        self._seqs[dst] = self._seqs.pop(src)[:length]
+        self._seqs[dst] = self._seqs[src][:length]
 
 
 def _next_pow2(n: int) -> int:

@@ -1,10 +1,10 @@
 """The OpenAI-compatible gateway: per-attempt URLs, exact token ids and logprobs, recorded as spans.
 
-    app = create_gateway_app(store, backend, secret)      # serve it, or mount it beside the store
-    # agent side: base_url=<gateway>/r/<attempt_id>/v1, api_key=attempt_token(secret, attempt_id)
+app = create_gateway_app(store, backend, secret)      # serve it, or mount it beside the store
+# agent side: base_url=<gateway>/r/<attempt_id>/v1, api_key=attempt_token(secret, attempt_id)
 """
 
-from reinforge.gateway.app import DEFAULT_MAX_BODY_BYTES, Gateway, create_gateway_app
+from reinforge.gateway.app import create_gateway_app
 from reinforge.gateway.auth import attempt_token
 from reinforge.gateway.backend import (
     Backend,
@@ -17,6 +17,7 @@ from reinforge.gateway.backend import (
 from reinforge.gateway.errors import UpstreamError
 from reinforge.gateway.recorder import SpanRecorder
 from reinforge.gateway.scripted import ScriptedBackend, ScriptedReply, ScriptedToolCall
+from reinforge.gateway.service import DEFAULT_MAX_BODY_BYTES, Gateway
 from reinforge.gateway.tool_calls import parse_tool_calls
 from reinforge.gateway.upstream import UpstreamBackend
 

@@ -173,9 +173,16 @@ def completion_chunk(
 # --- Responses API -------------------------------------------------------------------------------
 
 
-def responses_message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+def responses_logprobs(result: GenerationResult, texts: TokenTexts) -> list[dict[str, Any]]:
+    """Every generated token's logprob (tool-call markup included: it was generated too)."""
+    return chat_logprobs(result.completion_token_ids, result.logprobs, texts)["content"]
+
+
+def responses_message_item(
+    item_id: str, text: str, status: str = "completed", logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     content = (
-        [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        [{"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}]
         if status == "completed"
         else []
     )
@@ -193,10 +200,12 @@ def responses_function_item(item_id: str, call: ToolCall, status: str = "complet
     }
 
 
-def responses_output(result: GenerationResult, ids: Callable[[], str]) -> list[dict[str, Any]]:
+def responses_output(
+    result: GenerationResult, ids: Callable[[], str], logprobs: list[dict[str, Any]] | None = None
+) -> list[dict[str, Any]]:
     output: list[dict[str, Any]] = []
     if result.text or not result.tool_calls:
-        output.append(responses_message_item("msg_" + ids(), result.text))
+        output.append(responses_message_item("msg_" + ids(), result.text, logprobs=logprobs))
     output.extend(responses_function_item("fc_" + ids(), call) for call in result.tool_calls)
     return output
 

@@ -4,8 +4,11 @@ Why a queue and not a write per call: a store round-trip per LLM call would sit 
 latency. The request path only enqueues; one writer task drains the queue in batches. The queue is
 bounded: when the store falls behind, `record` waits for room (backpressure) instead of dropping a
 span or growing without limit, because a lost LLM span is a lost training sample. A failed write is
-retried with backoff, never dropped. `flush(attempt_id)` waits until every span recorded so far for
-that attempt is in the store, which is what a runner needs before it reports the attempt finished.
+retried with backoff; only a span the store refuses outright (invalid, or over its size limit) is
+logged and skipped. A batch lingers up to `linger_s` for company (each store write
+has a fixed cost: a transaction, a commit, a round-trip), unless someone is waiting on a flush.
+`flush(attempt_id)` waits until every span recorded so far for that attempt is in the store, which is
+what a runner needs before it reports the attempt finished.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import logging
 from collections import defaultdict
 
+from reinforge.errors import InvalidRequestError, PayloadTooLargeError
 from reinforge.store.base import Store
 from reinforge.types import Span
 
@@ -25,14 +29,22 @@ class SpanRecorder:
     """Batching span writer; create, `start()` inside the event loop that serves requests."""
 
     def __init__(
-        self, store: Store, *, max_queue: int = 4096, max_batch: int = 256, max_retry_delay_s: float = 2.0
+        self,
+        store: Store,
+        *,
+        max_queue: int = 4096,
+        max_batch: int = 256,
+        linger_s: float = 0.05,
+        max_retry_delay_s: float = 2.0,
     ) -> None:
         if max_queue < 1 or max_batch < 1:
             raise ValueError("max_queue and max_batch must be at least 1")
         self._store = store
         self._max_queue = max_queue
         self._max_batch = max_batch
+        self._linger_s = linger_s
         self._max_retry_delay_s = max_retry_delay_s
+        self._hurry: asyncio.Event | None = None
         self._queue: asyncio.Queue[Span] | None = None
         self._task: asyncio.Task[None] | None = None
         self._pending: dict[str, int] = defaultdict(int)
@@ -40,10 +52,13 @@ class SpanRecorder:
         self._waiters: dict[str, list[asyncio.Future[None]]] = defaultdict(list)
         self.written = 0
         self.write_errors = 0
+        self.rejected = 0
+        """Spans the store refused as invalid or too large (logged; nothing else is ever dropped)."""
 
     def start(self) -> None:
         if self._task is None:
             self._queue = asyncio.Queue(self._max_queue)
+            self._hurry = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._run(), name="reinforge-span-recorder")
 
     @property
@@ -61,6 +76,8 @@ class SpanRecorder:
         except BaseException:
             self._done(span.attempt_id, 1)
             raise
+        if self._queue.qsize() >= self._max_batch and self._hurry is not None:
+            self._hurry.set()
 
     async def flush(self, attempt_id: str | None = None) -> None:
         """Wait until the spans recorded so far (for one attempt, or all) are in the store."""
@@ -70,6 +87,8 @@ class SpanRecorder:
             if self._pending.get(key):
                 waiter: asyncio.Future[None] = loop.create_future()
                 self._waiters[key].append(waiter)
+                if self._hurry is not None:
+                    self._hurry.set()
                 await waiter
 
     async def close(self) -> None:
@@ -92,10 +111,15 @@ class SpanRecorder:
                 waiter.set_result(None)
 
     async def _run(self) -> None:
-        assert self._queue is not None
-        queue = self._queue
+        assert self._queue is not None and self._hurry is not None
+        queue, hurry = self._queue, self._hurry
         while True:
             batch = [await queue.get()]
+            if self._linger_s > 0 and not self._waiters and queue.qsize() < self._max_batch:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self._linger_s):
+                        await hurry.wait()
+            hurry.clear()
             while len(batch) < self._max_batch and not queue.empty():
                 batch.append(queue.get_nowait())
             await self._write(batch)
@@ -114,6 +138,23 @@ class SpanRecorder:
                 return
             except asyncio.CancelledError:
                 raise
+            except (InvalidRequestError, PayloadTooLargeError) as exc:
+                # Retrying can't help. Halve the batch to find the spans the store refuses (a huge
+                # conversation over an HTTP store's body limit); keep the rest. Stalling the whole
+                # gateway behind one unstorable span would lose far more than that span.
+                if len(batch) > 1:
+                    half = len(batch) // 2
+                    await self._write(batch[:half])
+                    await self._write(batch[half:])
+                else:
+                    self.rejected += 1
+                    log.error(
+                        "the store refused span %s of attempt %s: %s",
+                        batch[0].span_id,
+                        batch[0].attempt_id,
+                        exc,
+                    )
+                return
             except Exception as exc:
                 # add_spans is idempotent by span_id, so retrying a half-applied batch is safe.
                 self.write_errors += 1

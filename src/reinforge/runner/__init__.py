@@ -10,7 +10,7 @@ from reinforge.runner.agent import Agent, AgentFunction, FunctionAgent, agent, a
 from reinforge.runner.command import REWARD_LINE_PREFIX, AgentProcessError, CommandAgent, CommandResult
 from reinforge.runner.llm import LLM, attempt_url
 from reinforge.runner.resources import model_from_resources
-from reinforge.runner.runner import DEFAULT_MODEL, Runner, RunnerStats
+from reinforge.runner.runner import DEFAULT_MODEL, FlushError, Runner, RunnerStats
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -21,6 +21,7 @@ __all__ = [
     "AgentProcessError",
     "CommandAgent",
     "CommandResult",
+    "FlushError",
     "FunctionAgent",
     "Runner",
     "RunnerStats",

@@ -33,20 +33,23 @@ def _gateway_url(gateway: str | None, store: str) -> str:
     raise ReinforgeError("--gateway is required unless --store is an http(s) store serving /gateway")
 
 
-async def _serve(runner: Runner, max_rollouts: int | None) -> RunnerStats:
+async def _serve(runner: Runner, max_rollouts: int | None) -> tuple[RunnerStats, bool]:
+    """Run until done or signalled; also says whether a second signal forced the stop."""
     stop = asyncio.Event()
-    main = asyncio.current_task()
     loop = asyncio.get_running_loop()
+    forced = False
 
     def on_signal() -> None:
-        if stop.is_set() and main is not None:
-            main.cancel()  # the second signal: stop the running attempts too
+        nonlocal forced
+        if stop.is_set():
+            forced = True
+            runner.stop_now()  # the second signal: stop the running attempts too
         stop.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
     try:
-        return await runner.run(max_rollouts=max_rollouts, stop=stop)
+        return await runner.run(max_rollouts=max_rollouts, stop=stop), forced
     finally:
         await runner.store.close()
 
@@ -115,7 +118,7 @@ def runner_command(
             sys.path.insert(0, os.getcwd())  # `--agent mymodule:fn` from the current folder, as uvicorn does
             the_agent = load_agent(agent)
 
-        async def main() -> RunnerStats:
+        async def main() -> tuple[RunnerStats, bool]:
             opened = await open_store(store, store_token)
             runner = Runner(
                 opened,
@@ -131,14 +134,17 @@ def runner_command(
             )
             return await _serve(runner, max_rollouts)
 
-        stats = asyncio.run(main())
+        stats, forced = asyncio.run(main())
     except ReinforgeError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(2) from e
-    except asyncio.CancelledError:
-        typer.echo("runner stopped", err=True)
-        raise typer.Exit(130) from None
     typer.echo(
         f"runner done: leased {stats.leased}, succeeded {stats.succeeded}, failed {stats.failed} "
         f"(timed out {stats.timed_out}), stopped {stats.stopped}"
     )
+    if forced:
+        # Sync agents' threads can't be interrupted and the interpreter would wait for them at exit;
+        # their attempts are already reported, so leave now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(130)

@@ -1,12 +1,14 @@
 """Which resources (model name, prompt templates, ...) an attempt runs with.
 
 A rollout tagged with a resources version gets exactly that version (versions are immutable, so they
-are cached forever). An untagged rollout gets the latest version, fetched once per lease batch, so an
-agent sees a new version from the next batch on without a fetch per attempt.
+are cached forever). An untagged rollout gets the latest version. That is re-fetched when the cached
+one is older than `max_age_s` or than the rollout itself, so "put resources, then enqueue" always
+shows the agent the new version, without a store call per attempt.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,25 +36,32 @@ class ResolvedResources:
 
 
 class ResourcesCache:
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, max_age_s: float = 1.0) -> None:
         self._store = store
+        self._max_age_s = max_age_s
         self._versions: dict[int, ResourcesVersion] = {}
         self._latest: ResourcesVersion | None = None
-        self._have_latest = False
+        self._fetched_at: float | None = None
 
     async def prefetch(self, rollouts: Sequence[Rollout]) -> None:
-        """Refresh the latest version when any rollout of a new lease batch needs it."""
-        if any(r.resources_version is None for r in rollouts):
-            try:
-                self._latest = await self._store.get_resources(None)
-                self._versions[self._latest.version] = self._latest
-            except NotFoundError:
-                self._latest = None
-            self._have_latest = True
+        """Refresh the latest version when a rollout of a new lease batch needs a fresher one."""
+        untagged = [r.created_at for r in rollouts if r.resources_version is None]
+        if not untagged:
+            return
+        now = time.time()
+        fetched_at = self._fetched_at
+        if fetched_at is not None and fetched_at > max(untagged) and now - fetched_at < self._max_age_s:
+            return
+        try:
+            self._latest = await self._store.get_resources(None)
+            self._versions[self._latest.version] = self._latest
+        except NotFoundError:
+            self._latest = None
+        self._fetched_at = now
 
     async def get(self, version: int | None) -> ResolvedResources:
         if version is None:
-            if not self._have_latest:
+            if self._fetched_at is None:
                 await self.prefetch([Rollout(rollout_id="-")])
             latest = self._latest
             if latest is None:

@@ -63,7 +63,7 @@ SPAN_TIMEOUT = "reinforge.timeout"
 
 @dataclass
 class RunnerStats:
-    """What one `Runner.run` did."""
+    """What a runner has done, added up over its `run` calls."""
 
     leased: int = 0
     succeeded: int = 0
@@ -72,6 +72,13 @@ class RunnerStats:
     stopped: int = 0
     """Attempts abandoned because the store cancelled or superseded them."""
     errors: list[str] = field(default_factory=list)
+
+
+class FlushError(ReinforgeError):
+    """The spans of an attempt could not be confirmed in the store; the attempt is failed (retryably)
+    rather than finished with missing data."""
+
+    http_status = 503
 
 
 class _Superseded(Exception):
@@ -107,6 +114,7 @@ class Runner:
         retry_on_timeout: bool = False,
         model: str = DEFAULT_MODEL,
         drain_timeout_s: float | None = None,
+        lease_batch_wait_s: float = 0.005,
     ) -> None:
         if concurrency < 1:
             raise InvalidRequestError(f"concurrency must be at least 1, got {concurrency}")
@@ -128,11 +136,13 @@ class Runner:
         self.retry_on_timeout = retry_on_timeout
         self.model = model
         self.drain_timeout_s = drain_timeout_s
+        self.lease_batch_wait_s = lease_batch_wait_s
         self.stats = RunnerStats()
         self._resources = ResourcesCache(store)
         self._writer: SpanWriter | None = None
         self._http: httpx.AsyncClient | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._active: set[asyncio.Task[None]] = set()
 
     async def run(self, max_rollouts: int | None = None, stop: asyncio.Event | None = None) -> RunnerStats:
         """Lease and run rollouts until `max_rollouts` have been run or `stop` is set, then wait for the
@@ -143,11 +153,12 @@ class Runner:
         self._writer = await SpanWriter(self.store).start()
         self._http = httpx.AsyncClient(
             timeout=httpx.Timeout(60.0, connect=10.0),
-            limits=httpx.Limits(max_connections=4, max_keepalive_connections=4),
+            # Few connections: httpcore scans its whole pool per request, and flushes are short.
+            limits=httpx.Limits(max_connections=min(self.concurrency, 16)),
             trust_env=False,
         )
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="reinforge-agent")
-        active: set[asyncio.Task[None]] = set()
+        active = self._active = set()
         stop_wait = asyncio.create_task(stop.wait())
         try:
             await self._lease_loop(active, stop, stop_wait, max_rollouts)
@@ -159,6 +170,12 @@ class Runner:
             self._pool.shutdown(wait=False, cancel_futures=True)
         return self.stats
 
+    def stop_now(self) -> None:
+        """Stop the running attempts too (call after setting the stop event): each is reported failed
+        and retryable, so the store gives its rollout to another runner."""
+        for task in list(self._active):
+            task.cancel()
+
     async def _lease_loop(
         self,
         active: set[asyncio.Task[None]],
@@ -167,12 +184,27 @@ class Runner:
         max_rollouts: int | None,
     ) -> None:
         backoff = 0.1
-        while not stop.is_set() and (max_rollouts is None or self.stats.leased < max_rollouts):
+        loop = asyncio.get_running_loop()
+        # Lease for several free slots at once when attempts end in quick succession (one store call
+        # instead of several), but never leave a slot idle longer than `lease_batch_wait_s`.
+        batch = max(1, self.concurrency // 8)
+        batch_deadline: float | None = None
+        leased_here = 0  # `max_rollouts` counts this run; `stats` adds up over runs
+        while not stop.is_set() and (max_rollouts is None or leased_here < max_rollouts):
             free = self.concurrency - len(active)
             if free == 0:
                 await asyncio.wait({*active, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
                 continue
-            want = free if max_rollouts is None else min(free, max_rollouts - self.stats.leased)
+            if free < batch and active:
+                now = loop.time()
+                batch_deadline = batch_deadline or now + self.lease_batch_wait_s
+                if now < batch_deadline:
+                    waiting = {*active, stop_wait}
+                    wait_s = batch_deadline - now
+                    await asyncio.wait(waiting, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+            batch_deadline = None
+            want = free if max_rollouts is None else min(free, max_rollouts - leased_here)
             lease = asyncio.create_task(
                 self.store.lease_rollouts(
                     self.runner_id, want, self.lease_seconds, wait_seconds=self.poll_seconds, mode=self.mode
@@ -196,6 +228,7 @@ class Runner:
                 await self._resources.prefetch([lr.rollout for lr in leased])
             for lr in leased:
                 self.stats.leased += 1
+                leased_here += 1
                 task = asyncio.create_task(self._run_attempt(lr), name=f"attempt-{lr.attempt.attempt_id}")
                 active.add(task)
                 task.add_done_callback(active.discard)
@@ -240,7 +273,17 @@ class Runner:
         with attempt_scope(ctx):  # the agent's task copies the context, so its spans are the attempt's
             work = asyncio.create_task(self._invoke(rollout.task, llm, rollout.rollout_id, attempt_id))
         state = _AttemptState()
+        # The lease is kept alive until the finish is reported (flushing can take a while too).
         heartbeat = asyncio.create_task(self._heartbeat(attempt_id, work, state))
+        try:
+            await self._complete(work, ctx, state, llm)
+        finally:
+            heartbeat.cancel()
+
+    async def _complete(
+        self, work: asyncio.Task[float | None], ctx: AttemptContext, state: _AttemptState, llm: LLM
+    ) -> None:
+        attempt_id = ctx.attempt_id
         try:
             outcome = await self._outcome(work, ctx, state)
         except _Superseded:
@@ -259,16 +302,14 @@ class Runner:
                 )
             )
             raise
-        finally:
-            heartbeat.cancel()
         try:
             await self._flush(llm, attempt_id, strict=True)
-        except (httpx.HTTPError, StoreUnavailableError, AgentProcessError) as e:
+            if outcome.status == AttemptStatus.succeeded and outcome.reward is None:
+                outcome = outcome.model_copy(update={"reward": await self._emitted_final_reward(attempt_id)})
+        except Exception as e:  # whatever went wrong, the attempt must not finish with data missing
             outcome = AttemptOutcome(
                 status=AttemptStatus.failed, error=f"could not flush the attempt's spans: {e}", retryable=True
             )
-        if outcome.status == AttemptStatus.succeeded and outcome.reward is None:
-            outcome = outcome.model_copy(update={"reward": await self._emitted_final_reward(attempt_id)})
         await self._finish(attempt_id, outcome)
 
     async def _invoke(self, task: dict[str, Any], llm: LLM, rollout_id: str, attempt_id: str) -> float | None:
@@ -334,7 +375,7 @@ class Runner:
         return AttemptOutcome(status=AttemptStatus.succeeded, reward=reward)
 
     async def _heartbeat(self, attempt_id: str, work: asyncio.Task[Any], state: _AttemptState) -> None:
-        while not work.done():
+        while True:
             await asyncio.sleep(self.heartbeat_seconds)
             try:
                 await self.store.heartbeat(attempt_id, self.lease_seconds)
@@ -347,20 +388,25 @@ class Runner:
 
     async def _flush(self, llm: LLM, attempt_id: str, *, strict: bool) -> None:
         """Every span of the attempt in the store: ours from the writer, the gateway's via /flush."""
-        assert self._writer is not None and self._http is not None
+        assert self._writer is not None
         try:
-            await self._writer.flush()
-            response = await self._http.post(
-                f"{llm.attempt_root}/flush", headers={"Authorization": f"Bearer {llm.api_key}"}
-            )
-            if response.status_code >= 400:
-                raise AgentProcessError(
-                    f"gateway flush answered {response.status_code}: {response.text[:500]}"
-                )
+            # Both at once: they write to the store independently, and this wait is on every attempt.
+            await asyncio.gather(self._writer.flush(), self._flush_gateway(llm))
         except Exception as e:
             if strict:
                 raise
             log.warning("flushing spans of %s failed: %s", attempt_id, e)
+
+    async def _flush_gateway(self, llm: LLM) -> None:
+        assert self._http is not None
+        try:
+            response = await self._http.post(
+                f"{llm.attempt_root}/flush", headers={"Authorization": f"Bearer {llm.api_key}"}
+            )
+        except httpx.HTTPError as e:
+            raise FlushError(f"gateway flush failed: {e!r}") from e
+        if response.status_code >= 400:
+            raise FlushError(f"gateway flush answered {response.status_code}: {response.text[:500]}")
 
     async def _emitted_final_reward(self, attempt_id: str) -> float | None:
         """The last final reward recorded for the attempt (emit_reward(final=True) or the reward URL)."""

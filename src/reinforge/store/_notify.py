@@ -63,7 +63,14 @@ class Signal:
     def fire(self) -> None:
         with self._lock:
             watches = list(self._watches)
+        try:
+            here: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
         for w in watches:
+            if w._loop is here:
+                w._loop.call_soon(w._fire)  # same loop: no need to write to its wake-up pipe
+                continue
             try:
                 w._loop.call_soon_threadsafe(w._fire)
             except RuntimeError:  # that loop is closed; its waiter is gone with it

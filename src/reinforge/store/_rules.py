@@ -11,7 +11,16 @@ from collections.abc import Sequence
 from typing import TypeVar
 
 from reinforge.errors import InvalidRequestError
-from reinforge.types import AttemptOutcome, AttemptStatus, Page, RolloutMode, RolloutStatus
+from reinforge.types import (
+    MAX_STORED_INT,
+    AttemptOutcome,
+    AttemptStatus,
+    Page,
+    RolloutMode,
+    RolloutSpec,
+    RolloutStatus,
+    Span,
+)
 
 T = TypeVar("T")
 
@@ -19,6 +28,7 @@ MAX_LEASE_BATCH = 1000
 """The most rollouts one lease call may ask for."""
 MAX_WAIT_SECONDS = 3600.0
 """Longer waits are almost certainly a unit mistake (milliseconds given as seconds)."""
+MAX_LEASE_SECONDS = 7 * 86400.0
 RECHECK_SECONDS = 1.0
 """SQL waits also re-check this often, so a lost cross-process wake-up costs at most this delay."""
 
@@ -26,8 +36,10 @@ RECHECK_SECONDS = 1.0
 def check_lease_args(
     runner_id: str, max_rollouts: int, lease_seconds: float, wait_seconds: float, mode: RolloutMode | None
 ) -> None:
-    if not isinstance(runner_id, str) or not runner_id or len(runner_id) > 256:
-        raise InvalidRequestError("runner_id must be a non-empty string of at most 256 characters")
+    if not isinstance(runner_id, str) or not runner_id or len(runner_id) > 256 or "\x00" in runner_id:
+        raise InvalidRequestError(
+            "runner_id must be a non-empty string of at most 256 characters, without NUL"
+        )
     if not 1 <= max_rollouts <= MAX_LEASE_BATCH:
         raise InvalidRequestError(f"max_rollouts must be between 1 and {MAX_LEASE_BATCH}, got {max_rollouts}")
     check_lease_seconds(lease_seconds)
@@ -37,8 +49,18 @@ def check_lease_args(
 
 
 def check_lease_seconds(lease_seconds: float) -> None:
-    if not math.isfinite(lease_seconds) or lease_seconds <= 0:
-        raise InvalidRequestError(f"lease_seconds must be a positive number, got {lease_seconds}")
+    if not math.isfinite(lease_seconds) or not 0 < lease_seconds <= MAX_LEASE_SECONDS:
+        raise InvalidRequestError(
+            f"lease_seconds must be above 0 and at most {MAX_LEASE_SECONDS:.0f} (heartbeat to hold a "
+            f"lease longer), got {lease_seconds}"
+        )
+
+
+def check_version(version: int | None, name: str) -> None:
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise InvalidRequestError(f"{name} must be an integer, got {version!r}")
+    if version is not None and not 0 <= version <= MAX_STORED_INT:
+        raise InvalidRequestError(f"{name} must be between 0 and {MAX_STORED_INT}, got {version}")
 
 
 def check_wait_seconds(seconds: float, name: str = "wait_seconds") -> None:
@@ -46,9 +68,32 @@ def check_wait_seconds(seconds: float, name: str = "wait_seconds") -> None:
         raise InvalidRequestError(f"{name} must be between 0 and {MAX_WAIT_SECONDS}, got {seconds}")
 
 
-def check_outcome(outcome: AttemptOutcome) -> None:
+def check_outcome(outcome: AttemptOutcome) -> AttemptOutcome:
+    """The outcome to store: a finite reward, and an error text that every database can hold."""
     if outcome.reward is not None and not math.isfinite(outcome.reward):
         raise InvalidRequestError(f"reward must be a finite number, got {outcome.reward}")
+    if outcome.error is not None and "\x00" in outcome.error:
+        # Error texts often quote raw process output; PostgreSQL text can't hold NUL.
+        return outcome.model_copy(update={"error": outcome.error.replace("\x00", "\ufffd")})
+    return outcome
+
+
+def check_spec(spec: RolloutSpec) -> None:
+    check_version(spec.resources_version, "resources_version")
+    for name in ("rollout_id", "task_id", "group_id"):
+        check_text(getattr(spec, name), name)
+
+
+def check_span(span: Span) -> None:
+    check_text(span.rollout_id, "rollout_id")
+    check_text(span.attempt_id, "attempt_id")
+    check_text(span.name, "name")
+
+
+def check_text(value: str | None, name: str) -> None:
+    """Ids and names are looked up by equality in every backend, so they can't hold NUL."""
+    if value is not None and "\x00" in value:
+        raise InvalidRequestError(f"{name} must not contain NUL characters")
 
 
 def check_ids(ids: Sequence[str], name: str) -> list[str]:

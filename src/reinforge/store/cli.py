@@ -48,6 +48,22 @@ def _run(coro_factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
         runner.run(coro_factory())
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server, with a hook at the start of a graceful shutdown.
+
+    uvicorn re-raises SIGTERM/SIGINT once it has stopped, so code after `serve()` may never run;
+    the URL file must go before that, so nobody is sent to a server that is going away.
+    """
+
+    def __init__(self, config: uvicorn.Config, on_shutdown: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._on_shutdown()
+        await super().shutdown(sockets)
+
+
 @store_app.command("serve")
 def serve(
     run_dir: Annotated[Path, typer.Option("--run-dir", help="Run folder: token, URL file and default DB.")],
@@ -89,7 +105,7 @@ def serve(
     config = uvicorn.Config(
         app, log_level=log_level, access_log=False, lifespan="on", timeout_graceful_shutdown=5
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, on_shutdown=lambda: url_file.unlink(missing_ok=True))
 
     async def main() -> None:
         serving = asyncio.create_task(server.serve(sockets=[sock]))
@@ -103,10 +119,7 @@ def serve(
             typer.echo(f"reinforge store serving {db_url} on {url}")
             typer.echo(f"  token:     {token_path(run_dir)} (or $REINFORGE_STORE_TOKEN)")
             typer.echo(f"  dashboard: {url}/dashboard#token={token}", err=False)
-        try:
-            await serving
-        finally:
-            url_file.unlink(missing_ok=True)
+        await serving
 
     _run(main)
     if not server.started:

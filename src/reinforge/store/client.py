@@ -9,6 +9,7 @@ with an HTTP timeout longer than its wait.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -154,7 +155,8 @@ class HttpStoreClient:
         try:
             content = body.__pydantic_serializer__.to_json(body) if body is not None else None
         except PydanticSerializationError as exc:
-            raise errors.InvalidRequestError(f"{type(body).__name__} holds a value that is not JSON: {exc}") from exc
+            what = type(body).__name__
+            raise errors.InvalidRequestError(f"{what} holds a value that is not JSON: {exc}") from exc
         # A long-poll may legitimately take `wait_seconds`; the read timeout must outlast it.
         timeout = httpx.Timeout(self._timeout + wait_seconds, connect=10.0)
         for attempt in range(self._connect_retries + 1):
@@ -197,7 +199,7 @@ class HttpStoreClient:
         wait_seconds: float = 0.0,
         mode: RolloutMode | None = None,
     ) -> list[LeasedRollout]:
-        deadline = time.monotonic() + max(0.0, wait_seconds)
+        deadline = time.monotonic() + _non_negative("wait_seconds", wait_seconds)
         while True:
             remaining = max(0.0, deadline - time.monotonic())
             this_wait = min(remaining, MAX_WAIT_SECONDS)
@@ -218,6 +220,9 @@ class HttpStoreClient:
         return await self._call("POST", f"/store/attempts/{_segment(attempt_id)}/heartbeat", _ATTEMPT, body)
 
     async def finish_attempt(self, attempt_id: str, outcome: AttemptOutcome) -> Rollout:
+        if outcome.reward is not None and not math.isfinite(outcome.reward):
+            # JSON has no NaN/inf: refuse here, as a local store does, rather than send null.
+            raise errors.InvalidRequestError(f"reward must be a finite number, got {outcome.reward}")
         return await self._call("POST", f"/store/attempts/{_segment(attempt_id)}/finish", _ROLLOUT, outcome)
 
     async def cancel_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
@@ -253,7 +258,7 @@ class HttpStoreClient:
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
         ids = list(dict.fromkeys(rollout_ids))
-        deadline = time.monotonic() + max(0.0, timeout_seconds)
+        deadline = time.monotonic() + _non_negative("timeout_seconds", timeout_seconds)
         final: dict[str, Rollout] = {}
         # Chunks one after the other share one deadline; a final rollout stays final, so rollouts
         # already seen final need no second look.
@@ -295,6 +300,12 @@ class HttpStoreClient:
 
     async def close(self) -> None:
         await self._http.aclose()
+
+
+def _non_negative(name: str, value: float) -> float:
+    if not value >= 0:  # also catches NaN
+        raise errors.InvalidRequestError(f"{name} must be >= 0, got {value}")
+    return float(value)
 
 
 def _segment(value: str) -> str:

@@ -83,6 +83,8 @@ class MemoryStore:
     # -- rollouts ---------------------------------------------------------------------------------
 
     async def enqueue_rollouts(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
+        for spec in specs:
+            _rules.check_spec(spec)
         frozen = [_frozen(s) for s in specs]
         out: list[Rollout] = []
         added = False
@@ -235,7 +237,7 @@ class MemoryStore:
             return _copy(attempt)
 
     async def finish_attempt(self, attempt_id: str, outcome: AttemptOutcome) -> Rollout:
-        _rules.check_outcome(outcome)
+        outcome = _rules.check_outcome(outcome)
         with self._lock:
             self._check_open()
             now = time.time()
@@ -284,6 +286,8 @@ class MemoryStore:
     # -- spans ------------------------------------------------------------------------------------
 
     async def add_spans(self, spans: Sequence[Span]) -> int:
+        for s in spans:
+            _rules.check_span(s)
         frozen = [_frozen(s) for s in spans]
         added = 0
         with self._lock:
@@ -391,8 +395,7 @@ class MemoryStore:
     async def put_resources(
         self, resources: dict[str, object], version: int | None = None
     ) -> ResourcesVersion:
-        if version is not None and (not isinstance(version, int) or version < 0):
-            raise InvalidRequestError(f"version must be a non-negative integer, got {version!r}")
+        _rules.check_version(version, "version")
         try:
             content: dict[str, Any] = ResourcesVersion.model_validate_json(
                 to_json({"version": 0, "resources": resources})
@@ -416,6 +419,7 @@ class MemoryStore:
             return _copy(stored)
 
     async def get_resources(self, version: int | None = None) -> ResourcesVersion:
+        _rules.check_version(version, "version")
         with self._lock:
             self._check_open()
             if version is None:

@@ -19,12 +19,13 @@ from fastapi import APIRouter, Depends, FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import TypeAdapter
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reinforge.dashboard import dashboard_html
-from reinforge.errors import AuthenticationError, ReinforgeError
+from reinforge.errors import AuthenticationError, InvalidRequestError, ReinforgeError
 from reinforge.store._wire import (
     AddSpansRequest,
     AddSpansResponse,
@@ -114,6 +115,80 @@ def _describe_validation(errors: Sequence[Any]) -> str:
     return "; ".join(parts)
 
 
+_M = TypeVar("_M", bound=BaseModel)
+
+_BODY_MODELS: list[type[BaseModel]] = []
+"""Every model a `json_body` parses; their schemas go into the OpenAPI components."""
+
+
+def json_body(model: type[_M]) -> Callable[[Request], Awaitable[_M]]:
+    """A dependency that parses the request body as `model` straight from bytes.
+
+    pydantic-core parses and validates in one pass (about twice as fast as `json.loads` plus
+    validation, which matters for span batches of megabytes). Malformed JSON is a 400, a body that
+    does not fit the model a 422. The route declares it in OpenAPI with `openapi_extra=_body_doc(model)`.
+    """
+
+    async def parse(request: Request) -> _M:
+        content_type = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+        if content_type != "application/json" and not content_type.endswith("+json"):
+            raise InvalidRequestError(f"send the body as application/json, not {content_type!r}")
+        raw = await request.body()
+        try:
+            return model.model_validate_json(raw or b"null")
+        except ValidationError as exc:
+            raise RequestValidationError(
+                [{**err, "loc": ("body", *err["loc"])} for err in exc.errors(include_url=False)]
+            ) from exc
+
+    _BODY_MODELS.append(model)
+    return parse
+
+
+_REF = "#/components/schemas/{model}"
+
+
+def _body_doc(model: type[BaseModel]) -> dict[str, Any]:
+    """`openapi_extra` declaring a `json_body` route's request body (FastAPI does not see it)."""
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": _REF.format(model=model.__name__)}}},
+        }
+    }
+
+
+def _add_body_schemas(app: FastAPI, models: Sequence[type[BaseModel]]) -> None:
+    """Put the body models' JSON schemas into the OpenAPI components that `_body_doc` refers to."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            _, defs = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
+            components = schema.setdefault("components", {}).setdefault("schemas", {})
+            for name, definition in defs.get("$defs", {}).items():
+                components.setdefault(name, definition)
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+# Request bodies, parsed from bytes by `json_body` (module level: FastAPI resolves annotations here).
+_EnqueueBody = Annotated[EnqueueRequest, Depends(json_body(EnqueueRequest))]
+_LeaseBody = Annotated[LeaseRequest, Depends(json_body(LeaseRequest))]
+_RolloutIdsBody = Annotated[RolloutIdsRequest, Depends(json_body(RolloutIdsRequest))]
+_WaitBody = Annotated[WaitRequest, Depends(json_body(WaitRequest))]
+_RolloutQueryBody = Annotated[RolloutQuery, Depends(json_body(RolloutQuery))]
+_HeartbeatBody = Annotated[HeartbeatRequest, Depends(json_body(HeartbeatRequest))]
+_AttemptOutcomeBody = Annotated[AttemptOutcome, Depends(json_body(AttemptOutcome))]
+_AttemptQueryBody = Annotated[AttemptQuery, Depends(json_body(AttemptQuery))]
+_AddSpansBody = Annotated[AddSpansRequest, Depends(json_body(AddSpansRequest))]
+_SpanQueryBody = Annotated[SpanQuery, Depends(json_body(SpanQuery))]
+_PutResourcesBody = Annotated[PutResourcesRequest, Depends(json_body(PutResourcesRequest))]
+
+
 class BodySizeLimit:
     """Refuses bodies over `max_body_bytes` with 413 before reading them (pure ASGI, so cheap).
 
@@ -151,9 +226,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise StarletteHTTPException(
-                        413, f"request body exceeds the limit of {limit} bytes"
-                    )
+                    raise StarletteHTTPException(413, f"request body exceeds the limit of {limit} bytes")
             return message
 
         await self.app(scope, limited_receive, send)
@@ -211,8 +284,11 @@ def create_store_app(
         version="1",
         description="The shared store of a reinforge run: rollouts, attempts, spans and resources.",
         lifespan=lifespan,
+        # One schema per model (no "-Input"/"-Output" twins), so the body schemas can be merged in.
+        separate_input_output_schemas=False,
     )
     app.state.store_holder = holder
+    _add_body_schemas(app, _BODY_MODELS)
     app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
     _install_error_handlers(app)
 
@@ -286,13 +362,23 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
     percent-encoded, decoded before routing) still reaches its route.
     """
 
-    @router.post("/rollouts/enqueue", response_model=list[Rollout], tags=["rollouts"])
-    async def enqueue_rollouts(body: EnqueueRequest) -> Response:
+    @router.post(
+        "/rollouts/enqueue",
+        response_model=list[Rollout],
+        tags=["rollouts"],
+        openapi_extra=_body_doc(EnqueueRequest),
+    )
+    async def enqueue_rollouts(body: _EnqueueBody) -> Response:
         """Add rollouts in one batch (idempotent for specs that carry a rollout_id)."""
         return _json(_ROLLOUTS, await holder.get().enqueue_rollouts(body.specs))
 
-    @router.post("/rollouts/lease", response_model=list[LeasedRollout], tags=["rollouts"])
-    async def lease_rollouts(body: LeaseRequest) -> Response:
+    @router.post(
+        "/rollouts/lease",
+        response_model=list[LeasedRollout],
+        tags=["rollouts"],
+        openapi_extra=_body_doc(LeaseRequest),
+    )
+    async def lease_rollouts(body: _LeaseBody) -> Response:
         """Lease up to max_rollouts queued rollouts, waiting up to wait_seconds for one."""
         leased = await holder.get().lease_rollouts(
             body.runner_id,
@@ -303,57 +389,96 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
         )
         return _json(_LEASED, leased)
 
-    @router.post("/rollouts/cancel", response_model=list[Rollout], tags=["rollouts"])
-    async def cancel_rollouts(body: RolloutIdsRequest) -> Response:
+    @router.post(
+        "/rollouts/cancel",
+        response_model=list[Rollout],
+        tags=["rollouts"],
+        openapi_extra=_body_doc(RolloutIdsRequest),
+    )
+    async def cancel_rollouts(body: _RolloutIdsBody) -> Response:
         return _json(_ROLLOUTS, await holder.get().cancel_rollouts(body.rollout_ids))
 
-    @router.post("/rollouts/wait", response_model=list[Rollout], tags=["rollouts"])
-    async def wait_for_rollouts(body: WaitRequest) -> Response:
+    @router.post(
+        "/rollouts/wait",
+        response_model=list[Rollout],
+        tags=["rollouts"],
+        openapi_extra=_body_doc(WaitRequest),
+    )
+    async def wait_for_rollouts(body: _WaitBody) -> Response:
         """Block until every listed rollout is final or the timeout passes; returns the final ones."""
         done = await holder.get().wait_for_rollouts(body.rollout_ids, body.timeout_seconds)
         return _json(_ROLLOUTS, done)
 
-    @router.post("/rollouts/query", response_model=Page[Rollout], tags=["rollouts"])
-    async def query_rollouts(body: RolloutQuery) -> Response:
+    @router.post(
+        "/rollouts/query",
+        response_model=Page[Rollout],
+        tags=["rollouts"],
+        openapi_extra=_body_doc(RolloutQuery),
+    )
+    async def query_rollouts(body: _RolloutQueryBody) -> Response:
         return _json(_ROLLOUT_PAGE, await holder.get().query_rollouts(body))
 
     @router.get("/rollouts/{rollout_id:path}", response_model=Rollout, tags=["rollouts"])
     async def get_rollout(rollout_id: Annotated[str, Path(min_length=1, max_length=128)]) -> Response:
         return _json(_ROLLOUT, await holder.get().get_rollout(rollout_id))
 
-    @router.post("/attempts/{attempt_id:path}/heartbeat", response_model=Attempt, tags=["attempts"])
+    @router.post(
+        "/attempts/{attempt_id:path}/heartbeat",
+        response_model=Attempt,
+        tags=["attempts"],
+        openapi_extra=_body_doc(HeartbeatRequest),
+    )
     async def heartbeat(
-        attempt_id: Annotated[str, Path(min_length=1, max_length=128)], body: HeartbeatRequest
+        attempt_id: Annotated[str, Path(min_length=1, max_length=128)], body: _HeartbeatBody
     ) -> Response:
         return _json(_ATTEMPT, await holder.get().heartbeat(attempt_id, lease_seconds=body.lease_seconds))
 
-    @router.post("/attempts/{attempt_id:path}/finish", response_model=Rollout, tags=["attempts"])
+    @router.post(
+        "/attempts/{attempt_id:path}/finish",
+        response_model=Rollout,
+        tags=["attempts"],
+        openapi_extra=_body_doc(AttemptOutcome),
+    )
     async def finish_attempt(
-        attempt_id: Annotated[str, Path(min_length=1, max_length=128)], body: AttemptOutcome
+        attempt_id: Annotated[str, Path(min_length=1, max_length=128)], body: _AttemptOutcomeBody
     ) -> Response:
         """Report the end of an attempt; 409 when the attempt was superseded (nothing is counted)."""
         return _json(_ROLLOUT, await holder.get().finish_attempt(attempt_id, body))
 
-    @router.post("/attempts/query", response_model=Page[Attempt], tags=["attempts"])
-    async def query_attempts(body: AttemptQuery) -> Response:
+    @router.post(
+        "/attempts/query",
+        response_model=Page[Attempt],
+        tags=["attempts"],
+        openapi_extra=_body_doc(AttemptQuery),
+    )
+    async def query_attempts(body: _AttemptQueryBody) -> Response:
         return _json(_ATTEMPT_PAGE, await holder.get().query_attempts(body))
 
     @router.get("/attempts/{attempt_id:path}", response_model=Attempt, tags=["attempts"])
     async def get_attempt(attempt_id: Annotated[str, Path(min_length=1, max_length=128)]) -> Response:
         return _json(_ATTEMPT, await holder.get().get_attempt(attempt_id))
 
-    @router.post("/spans", response_model=AddSpansResponse, tags=["spans"])
-    async def add_spans(body: AddSpansRequest) -> Response:
+    @router.post(
+        "/spans", response_model=AddSpansResponse, tags=["spans"], openapi_extra=_body_doc(AddSpansRequest)
+    )
+    async def add_spans(body: _AddSpansBody) -> Response:
         """Insert spans in one batch, idempotent by span_id; `added` counts the new ones."""
         added = await holder.get().add_spans(body.spans)
         return _json(_ADDED, AddSpansResponse(added=added))
 
-    @router.post("/spans/query", response_model=Page[Span], tags=["spans"])
-    async def query_spans(body: SpanQuery) -> Response:
+    @router.post(
+        "/spans/query", response_model=Page[Span], tags=["spans"], openapi_extra=_body_doc(SpanQuery)
+    )
+    async def query_spans(body: _SpanQueryBody) -> Response:
         return _json(_SPAN_PAGE, await holder.get().query_spans(body))
 
-    @router.post("/resources", response_model=ResourcesVersion, tags=["resources"])
-    async def put_resources(body: PutResourcesRequest) -> Response:
+    @router.post(
+        "/resources",
+        response_model=ResourcesVersion,
+        tags=["resources"],
+        openapi_extra=_body_doc(PutResourcesRequest),
+    )
+    async def put_resources(body: _PutResourcesBody) -> Response:
         """Store a resources version (the next number when version is null); 409 on conflicting reuse."""
         return _json(_RESOURCES, await holder.get().put_resources(body.resources, version=body.version))
 

@@ -216,6 +216,8 @@ class SqlStore:
     # -- rollouts ---------------------------------------------------------------------------------
 
     async def enqueue_rollouts(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
+        for spec in specs:
+            _rules.check_spec(spec)
         now = time.time()
         wanted: list[str] = []
         rows: dict[str, dict[str, Any]] = {}
@@ -345,7 +347,7 @@ class SqlStore:
         return NotFoundError(f"attempt {attempt_id!r} not found") if row is None else _stale(row)
 
     async def finish_attempt(self, attempt_id: str, outcome: AttemptOutcome) -> Rollout:
-        _rules.check_outcome(outcome)
+        outcome = _rules.check_outcome(outcome)
 
         def tx(conn: Connection, fx: _Effects) -> Rollout | _Raise:
             now = time.time()
@@ -439,6 +441,7 @@ class SqlStore:
     async def add_spans(self, new_spans: Sequence[Span]) -> int:
         rows: dict[str, dict[str, Any]] = {}
         for s in new_spans:
+            _rules.check_span(s)
             if s.span_id in rows:
                 continue
             try:
@@ -551,7 +554,10 @@ class SqlStore:
 
         def tx(conn: Connection) -> Page[Span]:
             cond = and_(True, *where)
-            total = conn.execute(select(func.count()).select_from(spans).where(cond)).scalar_one()
+            if where:
+                total = conn.execute(select(func.count()).select_from(spans).where(cond)).scalar_one()
+            else:
+                total = self._count_spans(conn)
             rows = conn.execute(
                 select(spans.c.sequence, spans.c.body)
                 .where(cond)
@@ -562,6 +568,13 @@ class SqlStore:
             return _rules.make_page([span_from_row(r) for r in rows], total, query.offset)
 
         return await self._db.read(tx)
+
+    def _count_spans(self, conn: Connection) -> int:
+        if self._s.postgres:
+            return int(conn.execute(self._s.count_spans).scalar_one())
+        # SQLite numbers a new row max(rowid) + 1, skipped inserts take no number, and spans are
+        # never deleted: the count is the last sequence, read from the index end instead of a scan.
+        return int(conn.execute(self._s.last_span_sequence).scalar() or 0)
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
         ids = _rules.check_ids(rollout_ids, "rollout_ids")
@@ -577,8 +590,8 @@ class SqlStore:
                 missing = self._missing_rollouts_tx(conn, pending)
                 if missing is not None:
                     return _Raise(missing)
-            rows = conn.execute(self._s.rollouts_by_id, {"ids": self._s.ids(pending)})
-            finished = [rollout_from_row(r) for r in rows if r.status in _FINAL]
+            rows = conn.execute(self._s.final_by_id, {"ids": self._s.ids(pending)})
+            finished = [rollout_from_row(r) for r in rows]
             return finished, self._next_deadline_tx(conn)
 
         with self._finalised.watch() as watch:
@@ -596,8 +609,7 @@ class SqlStore:
     async def put_resources(
         self, resources_: dict[str, object], version: int | None = None
     ) -> ResourcesVersion:
-        if version is not None and (not isinstance(version, int) or version < 0):
-            raise InvalidRequestError(f"version must be a non-negative integer, got {version!r}")
+        _rules.check_version(version, "version")
         if not isinstance(resources_, dict):
             raise InvalidRequestError("resources must be a JSON object")
         body = _json(resources_, "resources")
@@ -633,6 +645,8 @@ class SqlStore:
         return await self._write(tx)
 
     async def get_resources(self, version: int | None = None) -> ResourcesVersion:
+        _rules.check_version(version, "version")
+
         def tx(conn: Connection) -> ResourcesVersion | _Raise:
             if version is None:
                 row = conn.execute(self._s.latest_resources).first()
@@ -658,7 +672,7 @@ class SqlStore:
             by_attempt = conn.execute(
                 select(attempts.c.status, func.count()).group_by(attempts.c.status)
             ).all()
-            n_spans = conn.execute(select(func.count()).select_from(spans)).scalar_one()
+            n_spans = self._count_spans(conn)
             n_res, latest = conn.execute(select(func.count(), func.max(resources.c.version))).one()
             return StoreCounters(
                 rollouts_by_status={RolloutStatus(s): n for s, n in by_rollout},

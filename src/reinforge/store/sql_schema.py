@@ -46,7 +46,7 @@ rollouts = Table(
     Column("mode", String(8), nullable=False),
     Column("task_id", String(128)),
     Column("group_id", String(128)),
-    Column("resources_version", Integer),
+    Column("resources_version", BigInteger),
     Column("max_attempts", Integer, nullable=False),
     Column("attempt_count", Integer, nullable=False),
     Column("current_attempt_id", String(64)),
@@ -103,7 +103,7 @@ spans = Table(
 resources = Table(
     "resources",
     metadata,
-    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("version", BigInteger, primary_key=True, autoincrement=False),
     Column("body", Text, nullable=False),
     Column("created_at", Float, nullable=False),
 )

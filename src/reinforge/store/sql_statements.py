@@ -134,12 +134,20 @@ class Statements:
             dialect_insert(rollouts).on_conflict_do_nothing(index_elements=["rollout_id"]).returning(r.seq)
         )
         self.rollouts_by_id = select(rollouts).where(self.in_ids(r.rollout_id))
+        # A wait checks its few pending ids; SQLite would rather walk the status index over every
+        # final rollout ever stored. `status || ''` hides that index, so it looks the ids up instead.
+        final_status = r.status if postgres else r.status.concat("")
+        self.final_by_id = select(rollouts).where(
+            self.in_ids(r.rollout_id), final_status.in_([s.value for s in RolloutStatus if s.is_final])
+        )
         self.insert_spans = (
             dialect_insert(spans)
             .on_conflict_do_nothing(index_elements=["span_id"])
             .returning(spans.c.sequence)
         )
         self.get_rollout = select(rollouts).where(r.rollout_id == bindparam("rid"))
+        self.count_spans = select(func.count()).select_from(spans)
+        self.last_span_sequence = select(func.max(spans.c.sequence))
 
         # Resources.
         self.insert_resources = (

@@ -11,7 +11,7 @@ import functools
 import inspect
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import ExitStack
 from types import TracebackType
 from typing import Any, Literal, ParamSpec, TypeVar, cast, overload
@@ -35,7 +35,7 @@ from reinforge.semconv import (
     STEP_TOOL,
 )
 from reinforge.tracing.context import current_attempt
-from reinforge.tracing.processor import encode_attributes
+from reinforge.tracing.processor import ATTR_JSON_KEYS, encode_attributes
 from reinforge.tracing.provider import get_tracer
 
 log = logging.getLogger(__name__)
@@ -86,14 +86,20 @@ def emit_reward(value: float, name: str | None = None, *, final: bool = False) -
 class SpanHandle:
     """The open span inside `with span(...) as s:`; attributes may be any JSON value."""
 
-    def __init__(self, otel_span: trace.Span) -> None:
+    def __init__(self, otel_span: trace.Span, json_keys: Sequence[str] = ()) -> None:
         self.otel = otel_span
+        self._json_keys = list(json_keys)
 
     def set_attribute(self, key: str, value: Any) -> None:
-        self.otel.set_attributes(encode_attributes({key: value}))
+        self.set_attributes({key: value})
 
     def set_attributes(self, attributes: dict[str, Any]) -> None:
-        self.otel.set_attributes(encode_attributes(attributes))
+        encoded = encode_attributes(attributes)
+        # The span's list of JSON-encoded keys must cover every call, not just the last one.
+        new_json = set(encoded.pop(ATTR_JSON_KEYS, ()))
+        self._json_keys = [k for k in self._json_keys if k not in attributes] + sorted(new_json)
+        encoded[ATTR_JSON_KEYS] = self._json_keys
+        self.otel.set_attributes(encoded)
 
     def add_event(self, name: str, **attributes: Any) -> None:
         self.otel.add_event(name, encode_attributes(attributes))
@@ -124,17 +130,18 @@ class span:  # lower-case: used like a function, `with reinforge.span(...)` / `@
         if attempt is not None and attempt.agent_name is not None:
             attrs[ATTR_AGENT_NAME] = attempt.agent_name
         attrs.update(self.attributes)
+        encoded = encode_attributes(attrs)
         stack = ExitStack()
         otel_span = stack.enter_context(
             get_tracer().start_as_current_span(
                 self.name,
-                attributes=encode_attributes(attrs),
+                attributes=encoded,
                 record_exception=False,
                 set_status_on_exception=False,
             )
         )
         self._open.append((stack, otel_span))
-        return SpanHandle(otel_span)
+        return SpanHandle(otel_span, encoded.get(ATTR_JSON_KEYS, ()))
 
     def _end(self, exc: BaseException | None) -> None:
         stack, otel_span = self._open.pop()

@@ -7,6 +7,7 @@ to belong to.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import Mapping
@@ -73,7 +74,8 @@ def decode_attributes(attrs: Mapping[str, Any] | None) -> dict[str, Any]:
             out[key] = list(value)
     for key in json_keys:
         if isinstance(out.get(key), str):
-            out[key] = json.loads(out[key])
+            with contextlib.suppress(ValueError):
+                out[key] = json.loads(out[key])
     return out
 
 

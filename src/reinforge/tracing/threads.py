@@ -3,8 +3,9 @@
 asyncio tasks copy `contextvars` by themselves, and `asyncio.to_thread` does too, but a plain
 `threading.Thread`, `ThreadPoolExecutor.submit` and `loop.run_in_executor` start with an empty
 context, so a reward emitted there would belong to no attempt. `instrument_threads()` patches those
-entry points to run the new work in a copy of the starter's context, and only while an attempt is
-current: threads started by anything else behave exactly as before.
+entry points to run the new work in a copy of the starter's context (as `asyncio.to_thread` does).
+A plain thread is given the context only when it is started inside an attempt; a thread started
+inside an attempt belongs to that attempt for its whole life.
 """
 
 from __future__ import annotations
@@ -52,8 +53,8 @@ def instrument_threads() -> None:
         def submit(
             self: ThreadPoolExecutor, fn: Callable[..., Any], /, *args: Any, **kwargs: Any
         ) -> Future[Any]:
-            if current_attempt() is None:
-                return original_submit(self, fn, *args, **kwargs)
+            # Always the submitter's context, attempt or not: a pool's worker thread may have been
+            # started inside an attempt, and later work must not inherit that attempt from it.
             return original_submit(self, contextvars.copy_context().run, fn, *args, **kwargs)
 
         threading.Thread.start = start  # type: ignore[method-assign]

@@ -1,0 +1,240 @@
+"""Does the calc agent learn, and does it learn as well with per-call transitions as with merged ones?
+
+The demo task (`reinforge demo`: the calc agent, its warm start, GRPO 16 tasks x 8 per step) trained
+under the same RL budget (the same number of policy updates, each on the same number of rollouts,
+from the same weights and seed) four ways:
+
+    per_call / equal        one transition per LLM call (the paper's decomposition), final reward to each
+    per_call / equal+air    ... plus Automatic Intermediate Rewards (calculator errors, malformed calls)
+    merged   / equal        consecutive calls merged along exact token prefixes, tool results masked
+    merged   / equal+air
+
+Every run goes through the product's full path (`reinforge.training.Trainer.fit`: store, gateway,
+engine, runners) and reports held-out success before and after (sampled at the training
+temperature, and greedy), the training curve, and the numbers that show a collapse early (policy
+entropy, clip fraction, groups whose rollouts all scored the same). `--ablation` adds a per-call run
+with the loss normalised per transition (`loss_agg="seq-mean-token-mean"`, `seq_unit="transition"`),
+the normalisation under which per-call training used to collapse, for comparison.
+
+The last line is `RESULT percall_after=<x> merged_after=<y>`: held-out sampled success after
+training, for the equal+air credit the demo uses.
+
+    .venv/bin/python benchmarks/learning_bench.py              # 30 steps per run, 200 held-out tasks
+    .venv/bin/python benchmarks/learning_bench.py --quick      # 2 steps of 8 tasks x 4, smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from reinforge.algorithms import GRPO
+from reinforge.credit import CreditConfig
+from reinforge.demo.agent import calc_agent
+from reinforge.demo.run import DemoSettings
+from reinforge.demo.tasks import train_tasks, val_tasks
+from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build_warm_start, load_warm_start
+from reinforge.training import Trainer, TrainerConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILT_WARM_START = ROOT / ".bench" / "calc-warm-start"
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of training: how spans become transitions, and how the loss is normalised."""
+
+    name: str
+    mode: str
+    assignment: tuple[str, ...]
+    loss_agg: str = "token-mean"
+    seq_unit: str = "rollout"
+
+
+VARIANTS = (
+    Variant("per_call/equal", "per_call", ("equal",)),
+    Variant("per_call/equal+air", "per_call", ("equal", "air")),
+    Variant("merged/equal", "merged", ("equal",)),
+    Variant("merged/equal+air", "merged", ("equal", "air")),
+)
+ABLATION = Variant(
+    "per_call/equal+air/seq-mean-per-transition",
+    "per_call",
+    ("equal", "air"),
+    loss_agg="seq-mean-token-mean",
+    seq_unit="transition",
+)
+
+
+def resolve_warm_start(explicit: Path | None) -> Path:
+    """The given folder, else the warm start reinforge ships, else one built (once) under .bench/."""
+    for path in (explicit, SHIPPED_WARM_START, BUILT_WARM_START):
+        if path is not None and (path / "config.json").is_file():
+            return path
+    print(f"no shipped warm start; building the demo's recipe into {BUILT_WARM_START} (minutes, once)")
+    build_warm_start(BUILT_WARM_START, WarmStartConfig())
+    return BUILT_WARM_START
+
+
+def run_variant(variant: Variant, warm: Path, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
+    """Train one variant from the warm start; returns its summary (and keeps its run folder)."""
+    model, tokenizer = load_warm_start(warm)
+    run_dir = out_dir / variant.name.replace("/", "__")
+    shutil.rmtree(run_dir, ignore_errors=True)
+    trainer = Trainer(
+        model,
+        tokenizer,
+        algorithm=GRPO(group_size=args.group_size, loss_agg=variant.loss_agg, seq_unit=variant.seq_unit),
+        credit=CreditConfig(mode=variant.mode, assignment=variant.assignment),
+        config=TrainerConfig(
+            run_dir=run_dir,
+            max_steps=args.steps,
+            tasks_per_step=args.tasks_per_step,
+            learning_rate=args.learning_rate,
+            val_every=0,
+            val_greedy=not args.no_greedy,
+            checkpoint_every=0,
+            # The demo's serving settings (reinforge.demo.run), so the runs match `reinforge demo`.
+            max_tokens=48,
+            engine_max_batch_size=128,
+            runner_concurrency=128,
+            seed=args.seed,
+            resume=False,
+            progress=False,
+        ),
+    )
+    started = time.monotonic()
+    fit = trainer.fit(calc_agent, train_tasks(seed=args.seed), val_tasks(args.val_size))
+    steps = [r for r in fit.history if "train/success" in r and "final" not in r]
+    return {
+        "variant": variant.name,
+        "before": fit.val_before,
+        "after": fit.val_after,
+        "steps": fit.steps,
+        "rl_minutes": fit.rl_seconds / 60,
+        "wall_minutes": (time.monotonic() - started) / 60,
+        "train_success": [float(r["train/success"]) for r in steps],
+        "history": steps,
+        "run_dir": str(run_dir),
+    }
+
+
+def _mean(records: list[dict[str, Any]], key: str) -> float:
+    values = [float(r[key]) for r in records if isinstance(r.get(key), int | float)]
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _first_key(records: list[dict[str, Any]], *keys: str) -> str:
+    """The first of `keys` the step records carry (metric names differ between layers' versions)."""
+    for key in keys:
+        if any(key in r for r in records):
+            return key
+    return keys[0]
+
+
+def describe(summary: dict[str, Any]) -> str:
+    """One run as a few lines: held-out before/after, the curve, and the collapse indicators."""
+    h = summary["history"]
+    before, after = summary["before"], summary["after"]
+    nan = float("nan")
+    curve = summary["train_success"]
+    third = max(1, len(h) // 3)
+    entropy = _first_key(h, "policy/entropy")
+    clip = _first_key(h, "clip/frac")
+    for r in h:
+        if r.get("groups"):
+            r["flat_share"] = float(r.get("groups_flat", 0.0)) / float(r["groups"])
+    lines = [
+        f"{summary['variant']}: held-out sampled {before.get('val/success', nan):.3f} -> "
+        f"{after.get('val/success', nan):.3f}, greedy {before.get('val/greedy_success', nan):.3f}"
+        f" -> {after.get('val/greedy_success', nan):.3f}  ({summary['steps']} steps, "
+        f"{summary['rl_minutes']:.1f} min RL, {summary['wall_minutes']:.1f} min wall)",
+        "    train success by step: " + " ".join(f"{s:.2f}" for s in curve),
+        f"    first/last third: entropy {_mean(h[:third], entropy):.3f}/{_mean(h[-third:], entropy):.3f}, "
+        f"clip frac {_mean(h[:third], clip):.3f}/{_mean(h[-third:], clip):.3f}, "
+        f"flat groups {_mean(h[:third], 'flat_share'):.2f}/{_mean(h[-third:], 'flat_share'):.2f}, "
+        f"grad norm {_mean(h[:third], 'update/grad_norm'):.3f}/{_mean(h[-third:], 'update/grad_norm'):.3f}, "
+        f"transitions/step {_mean(h, 'transitions'):.0f}, "
+        f"trained tokens/step {_mean(h, 'credit/trained_tokens'):.0f}",
+    ]
+    drop = before.get("val/success", 0.0) - after.get("val/success", 0.0)
+    if drop > 0.05:
+        lines.append(f"    COLLAPSE: held-out sampled success fell by {drop:.3f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    demo = DemoSettings()
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument(
+        "--quick", action="store_true", help="2 steps of 8 tasks x 4 per run, 32 held-out tasks"
+    )
+    parser.add_argument("--steps", type=int, default=None, help="policy updates per run (the RL budget)")
+    parser.add_argument("--tasks-per-step", type=int, default=None)
+    parser.add_argument("--group-size", type=int, default=None)
+    parser.add_argument("--learning-rate", type=float, default=demo.learning_rate)
+    parser.add_argument("--val-size", type=int, default=None)
+    parser.add_argument("--no-greedy", action="store_true", help="skip greedy validation")
+    parser.add_argument(
+        "--ablation", action="store_true", help="also run per-call with per-transition seq-mean"
+    )
+    parser.add_argument("--only", default=None, help="comma-separated variant names to run")
+    parser.add_argument("--warm-start", type=Path, default=None, help="model folder (default: the demo's)")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "learning-bench")
+    parser.add_argument("--seed", type=int, default=demo.seed)
+    args = parser.parse_args()
+    args.steps = args.steps if args.steps is not None else (2 if args.quick else 30)
+    args.tasks_per_step = args.tasks_per_step or (8 if args.quick else demo.tasks_per_step)
+    args.group_size = args.group_size or (4 if args.quick else demo.group_size)
+    args.val_size = args.val_size or (32 if args.quick else demo.val_size)
+    args.no_greedy = args.no_greedy or args.quick
+    torch.set_num_threads(1)  # one thread per process: the machine's 2 cores are shared
+
+    variants = [*VARIANTS, *([ABLATION] if args.ablation else [])]
+    if args.only:
+        wanted = set(args.only.split(","))
+        variants = [v for v in variants if v.name in wanted]
+        if not variants:
+            raise SystemExit(
+                f"--only matched no variant; names: {', '.join(v.name for v in (*VARIANTS, ABLATION))}"
+            )
+    warm = resolve_warm_start(args.warm_start)
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"learning_bench: warm start {warm}; GRPO {args.tasks_per_step} tasks x {args.group_size} per "
+        f"step, lr {args.learning_rate}, {args.steps} steps per run, {args.val_size} held-out tasks; "
+        f"torch threads 1, load average {os.getloadavg()[0]:.1f} (2 cores, shared)",
+        flush=True,
+    )
+    summaries: dict[str, dict[str, Any]] = {}
+    for variant in variants:
+        summary = run_variant(variant, warm, args, args.out)
+        summaries[variant.name] = summary
+        print(describe(summary) + f"\n    (load average {os.getloadavg()[0]:.1f})", flush=True)
+    (args.out / "summary.json").write_text(
+        json.dumps({k: {**v, "history": v["history"]} for k, v in summaries.items()}, indent=1) + "\n",
+        encoding="utf-8",
+    )
+    print(f"run folders and summary.json under {args.out}")
+    per_call = summaries.get("per_call/equal+air")
+    merged = summaries.get("merged/equal+air")
+    if per_call is None or merged is None:
+        print("no RESULT line: it needs both per_call/equal+air and merged/equal+air")
+        sys.exit(0)
+    print(
+        f"RESULT percall_after={per_call['after'].get('val/success', float('nan')):.3f} "
+        f"merged_after={merged['after'].get('val/success', float('nan')):.3f}"
+    )
+
+
+if __name__ == "__main__":
+    main()

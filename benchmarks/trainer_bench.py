@@ -1,0 +1,468 @@
+"""Trainer throughput: reinforge's RL trainer vs TRL's GRPOTrainer on the same single-turn task.
+
+The task is the calc demo's first decision: the prompt is the question (with the calculator tool in
+the chat template), the completion should be the right first `<tool_call>` (the sub-expression that
+respects operator precedence); reward 1 when it is, else 0. Both sides start from the same weights
+(the demo's warm-started 1.1M-parameter Llama), with the same group size, prompts per step,
+learning rate, temperature and completion budget, one optimiser step per batch, and the same wall
+time. They run one after the other in this process's run (TRL in its own venv, `.bench/trl-venv`).
+
+reinforge's side is the product path: `reinforge.training.Trainer.fit` with an agent that calls the
+policy through the OpenAI client → gateway → embedded engine, spans recorded in the store (SQLite),
+an in-process runner, credit/ → GRPO advantages → `Policy.update` → weights published to the engine.
+
+Printed: steps/s and the training reward of each side, then both final models evaluated by the same
+code on held-out questions (sampled at the training temperature, and greedy), and
+`RESULT trainer_steps_per_s_ratio_vs_trl=<ours / trl>`.
+
+    .venv/bin/python benchmarks/trainer_bench.py            # 120 s per side
+    .venv/bin/python benchmarks/trainer_bench.py --quick    # 20 s per side, for a smoke run
+
+TRL venv (torch first, so pip keeps the local CPU wheel):
+    python3 -m venv .bench/trl-venv && .bench/trl-venv/bin/pip install torch==2.13.0 \
+        && .bench/trl-venv/bin/pip install trl
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _trl_side import first_tool_expression  # noqa: E402
+from openai import AsyncOpenAI  # noqa: E402
+from transformers import PreTrainedModel, PreTrainedTokenizerBase  # noqa: E402
+
+from reinforge import semconv  # noqa: E402
+from reinforge.algorithms import GRPO, compute_advantages  # noqa: E402
+from reinforge.credit import CreditConfig  # noqa: E402
+from reinforge.demo.calculator import CALCULATOR_TOOL  # noqa: E402
+from reinforge.demo.tasks import generate_tasks  # noqa: E402
+from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build_warm_start, load_warm_start  # noqa: E402
+from reinforge.engine.backend import TURN_MARKERS  # noqa: E402
+from reinforge.engine.engine import Engine  # noqa: E402
+from reinforge.gateway.backend import SamplingParams  # noqa: E402
+from reinforge.runner import LLM, agent  # noqa: E402
+from reinforge.store.factory import open_store  # noqa: E402
+from reinforge.training import Policy, Trainer, TrainerConfig  # noqa: E402
+from reinforge.types import SpanQuery, Transition  # noqa: E402
+
+TRL_PYTHON = ROOT / ".bench" / "trl-venv" / "bin" / "python"
+BUILT_WARM_START = ROOT / ".bench" / "calc-warm-start"
+
+
+def expression_of(arguments: str) -> str | None:
+    """The `expression` of a tool call's JSON arguments, spaces removed (None when unreadable)."""
+    try:
+        parsed = json.loads(arguments)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(parsed, dict) or not isinstance(parsed.get("expression"), str):
+        return None
+    return str(parsed["expression"]).replace(" ", "")
+
+
+_HTTP: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+
+
+def shared_http() -> httpx.AsyncClient:
+    """One HTTP client per event loop, shared by every rollout's OpenAI client.
+
+    A fresh `AsyncOpenAI` builds its own httpx client and with it a new SSL context (loading the CA
+    bundle): tens of milliseconds each, which at 128 rollouts a step was a third of the trainer's CPU.
+    Agents that create a client per rollout should pass a shared `http_client` like this.
+    """
+    loop = asyncio.get_running_loop()
+    if loop not in _HTTP:
+        _HTTP[loop] = httpx.AsyncClient(timeout=120.0, limits=httpx.Limits(max_connections=256))
+    return _HTTP[loop]
+
+
+@agent(name="first-call")
+async def first_call_agent(task: dict[str, Any], llm: LLM) -> float:
+    """One chat call with the calculator tool; 1.0 when the first tool call is the right sub-expression."""
+    sampling = llm.resources.get("sampling") or {}
+    client = AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=1, http_client=shared_http())
+    response = await client.chat.completions.create(
+        model=llm.model,
+        messages=[{"role": "user", "content": str(task["question"])}],
+        tools=[CALCULATOR_TOOL],  # type: ignore[list-item]
+        temperature=float(sampling.get("temperature", 1.0)),
+        max_tokens=int(sampling.get("max_tokens", 48)),
+    )
+    calls = [c for c in response.choices[0].message.tool_calls or [] if c.type == "function"]
+    if not calls or calls[0].function.name != "calculator":
+        return 0.0
+    return 1.0 if expression_of(calls[0].function.arguments) == task["expected"] else 0.0
+
+
+def first_step(task: Any) -> str:
+    a, op, b = task.steps[0]
+    return f"{a}{op}{b}"
+
+
+def single_turn_tasks(split: str, n: int, seed: int) -> list[dict[str, Any]]:
+    return [
+        {"task_id": t.task_id, "question": t.question, "expected": first_step(t)}
+        for t in generate_tasks(split, n, seed)  # type: ignore[arg-type]
+    ]
+
+
+def prompt_text(tokenizer: PreTrainedTokenizerBase, question: str) -> str:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}],
+        tools=[CALCULATOR_TOOL],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
+    return str(text)
+
+
+def stop_ids(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """EOS plus the turn markers: where the gateway's engine backend ends a chat completion."""
+    vocab = tokenizer.get_vocab()
+    return sorted({int(tokenizer.eos_token_id), *(vocab[m] for m in TURN_MARKERS if m in vocab)})
+
+
+def resolve_warm_start(explicit: Path | None) -> Path:
+    """The given folder, else the warm start reinforge ships, else one built (once) under .bench/."""
+    for path in (explicit, SHIPPED_WARM_START, BUILT_WARM_START):
+        if path is not None and (path / "config.json").is_file():
+            return path
+    print(f"no shipped warm start; building the demo's recipe into {BUILT_WARM_START} (minutes, once)")
+    build_warm_start(BUILT_WARM_START, WarmStartConfig())
+    return BUILT_WARM_START
+
+
+def run_reinforge(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    train: list[dict[str, Any]],
+    args: Any,
+    work: Path,
+) -> dict[str, Any]:
+    run_dir = work / "reinforge-run"
+    shutil.rmtree(run_dir, ignore_errors=True)
+    trainer = Trainer(
+        model,
+        tokenizer,
+        algorithm=GRPO(group_size=args.group_size),
+        credit=CreditConfig(),
+        config=TrainerConfig(
+            run_dir=run_dir,
+            max_steps=100_000,
+            max_minutes=args.seconds / 60,
+            tasks_per_step=args.prompts_per_step,
+            learning_rate=args.learning_rate,
+            temperature=1.0,
+            max_tokens=args.max_tokens,
+            val_every=0,
+            checkpoint_every=0,
+            engine_max_batch_size=args.prompts_per_step * args.group_size,
+            runner_concurrency=args.prompts_per_step * args.group_size,
+            progress=False,
+            resume=False,
+            seed=args.seed,
+        ),
+    )
+    fit = trainer.fit(first_call_agent, train)
+    steps = [r for r in fit.history if "train/reward" in r]
+    recorded_prompt = asyncio.run(_one_recorded_prompt(run_dir))
+    return {
+        "steps": len(steps),
+        "seconds": steps[-1]["time/rl_s"] if steps else float("nan"),
+        "rewards": [float(r["train/reward"]) for r in steps],
+        "rollout_s": sum(float(r["time/rollout_s"]) for r in steps),
+        "update_s": sum(float(r["time/update_s"]) for r in steps),
+        "recorded_prompt": recorded_prompt,
+        "model": trainer.model,
+    }
+
+
+async def _one_recorded_prompt(run_dir: Path) -> tuple[str, list[int]]:
+    """One question and the prompt ids the gateway recorded for it (to check that TRL gets the same)."""
+    store = await open_store(f"sqlite:///{(run_dir / 'store.db').resolve()}")
+    try:
+        page = await store.query_spans(SpanQuery(name=semconv.SPAN_LLM_CALL, limit=1))
+        if not page.items or page.items[0].rollout_id is None:
+            return "", []
+        rollout = await store.get_rollout(page.items[0].rollout_id)
+        ids = page.items[0].attributes.get(semconv.ATTR_PROMPT_TOKEN_IDS) or []
+        return str(rollout.task["question"]), [int(i) for i in ids]
+    finally:
+        await store.close()
+
+
+def run_trl(
+    model_dir: Path, tokenizer: PreTrainedTokenizerBase, train: list[dict[str, Any]], args: Any, work: Path
+) -> dict[str, Any] | str:
+    """TRL's GRPOTrainer in its own venv; the reason as a string when it can't run."""
+    if not TRL_PYTHON.is_file():
+        return f"no TRL venv at {TRL_PYTHON} (see this file's docstring to create it)"
+    config = {
+        "model_dir": str(model_dir),
+        "work_dir": str(work),
+        "prompts": [
+            {"prompt": prompt_text(tokenizer, t["question"]), "expected": t["expected"]} for t in train
+        ],
+        "stop_token_ids": stop_ids(tokenizer),
+        "group_size": args.group_size,
+        "prompts_per_step": args.prompts_per_step,
+        "learning_rate": args.learning_rate,
+        "temperature": 1.0,
+        "max_tokens": args.max_tokens,
+        "seconds": args.seconds,
+        "max_steps": 100_000,
+        "seed": args.seed,
+        "threads": 1,
+    }
+    config_path, out_path = work / "trl-config.json", work / "trl-result.json"
+    config_path.write_text(json.dumps(config), encoding="utf-8")
+    out_path.unlink(missing_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("PYTHONPATH", None)
+    proc = subprocess.run(
+        [str(TRL_PYTHON), str(Path(__file__).with_name("_trl_side.py")), str(config_path), str(out_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=args.seconds * 4 + 600,
+    )
+    if proc.returncode != 0 or not out_path.is_file():
+        return f"TRL run failed (exit {proc.returncode}): {proc.stderr.strip()[-1500:]}"
+    result: dict[str, Any] = json.loads(out_path.read_text(encoding="utf-8"))
+    return result
+
+
+def run_core(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, train: list[dict[str, Any]], args: Any
+) -> dict[str, Any]:
+    """reinforge's training core without the spine: engine generation → GRPO → `Policy.update` →
+    weights published to the engine. Same pieces the Trainer uses; no store, gateway, runner or HTTP."""
+    return asyncio.run(_core(copy.deepcopy(model), tokenizer, train, args))
+
+
+async def _core(
+    model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, train: list[dict[str, Any]], args: Any
+) -> dict[str, Any]:
+    algorithm = GRPO(group_size=args.group_size)
+    policy = Policy(
+        model, algorithm, pad_token_id=int(tokenizer.pad_token_id), learning_rate=args.learning_rate
+    )
+    batch = args.prompts_per_step * args.group_size
+    engine = Engine(
+        copy.deepcopy(model).eval(), tokenizer, max_batch_size=batch, max_seq_len=512, seed=args.seed
+    )
+    engine.start()
+    sampling = SamplingParams(temperature=1.0, max_tokens=args.max_tokens, stop_token_ids=stop_ids(tokenizer))
+    order = random.Random(args.seed).sample(range(len(train)), len(train))
+    prompts = {}
+    rewards: list[float] = []
+    version, started = 0, time.monotonic()
+    try:
+        while time.monotonic() - started < args.seconds:
+            picked = [
+                train[order[(version * args.prompts_per_step + i) % len(order)]]
+                for i in range(args.prompts_per_step)
+            ]
+            for task in picked:
+                if task["task_id"] not in prompts:
+                    text = prompt_text(tokenizer, task["question"])
+                    prompts[task["task_id"]] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+            jobs = [(n, g, task) for n, task in enumerate(picked) for g in range(args.group_size)]
+            outs = await asyncio.gather(
+                *(engine.generate(prompts[t["task_id"]], sampling) for _, _, t in jobs)
+            )
+            transitions = []
+            for (n, g, task), out in zip(jobs, outs, strict=True):
+                text = tokenizer.decode(out.token_ids, skip_special_tokens=False)
+                reward = 1.0 if first_tool_expression(text) == task["expected"] else 0.0
+                transitions.append(
+                    Transition(
+                        rollout_id=f"{version}-{n}-{g}",
+                        attempt_id=f"{version}-{n}-{g}",
+                        group_id=f"{version}-{n}",
+                        prompt_ids=prompts[task["task_id"]],
+                        response_ids=out.token_ids,
+                        response_mask=[1] * len(out.token_ids),
+                        behaviour_logprobs=out.logprobs,
+                        policy_version=out.policy_version,
+                        reward=reward,
+                        final_reward=reward,
+                    )
+                )
+            rewards.append(sum(t.reward for t in transitions) / len(transitions))
+            compute_advantages(transitions, algorithm)
+            await asyncio.to_thread(policy.update, transitions)
+            version += 1
+            await engine.load_weights(policy.engine_state(), version)
+        return {"steps": version, "seconds": time.monotonic() - started, "rewards": rewards, "model": model}
+    finally:
+        engine.stop()
+
+
+async def _evaluate(
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, tasks: list[dict[str, Any]], max_tokens: int
+) -> dict[str, float]:
+    """Held-out reward of `model`, sampled at temperature 1 and greedy, one engine for both sides."""
+    stops = stop_ids(tokenizer)
+    engine = Engine(model, tokenizer, max_batch_size=128, max_seq_len=512, seed=1234)
+    engine.start()
+    try:
+        prompts = [
+            list(tokenizer(prompt_text(tokenizer, t["question"]), add_special_tokens=False)["input_ids"])
+            for t in tasks
+        ]
+        out: dict[str, float] = {}
+        for key, temperature in (("sampled", 1.0), ("greedy", 0.0)):
+            sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_token_ids=stops)
+            results = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+            hits = [
+                first_tool_expression(tokenizer.decode(r.token_ids, skip_special_tokens=False))
+                == t["expected"]
+                for r, t in zip(results, tasks, strict=True)
+            ]
+            out[key] = sum(hits) / len(hits)
+        return out
+    finally:
+        engine.stop()
+
+
+def evaluate(
+    model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, tasks: list[dict[str, Any]], max_tokens: int
+) -> dict[str, float]:
+    model.eval()
+    return asyncio.run(_evaluate(model, tokenizer, tasks, max_tokens))
+
+
+def tail_mean(values: list[float], n: int = 5) -> float:
+    return sum(values[-n:]) / len(values[-n:]) if values else float("nan")
+
+
+def report(
+    name: str, steps: int, seconds: float, rewards: list[float], held: dict[str, float], load: float
+) -> float:
+    """Print one side's line; returns its steps/s."""
+    rate = steps / seconds if seconds > 0 else float("nan")
+    first = rewards[0] if rewards else float("nan")
+    print(
+        f"{name}: {steps} steps in {seconds:.1f} s = {rate:.3f} steps/s; train reward first {first:.3f} "
+        f"last-5 {tail_mean(rewards):.3f}; held-out sampled {held['sampled']:.3f} "
+        f"greedy {held['greedy']:.3f} (load average after {load:.1f})"
+    )
+    return rate
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="20 s per side and a small held-out set")
+    parser.add_argument("--seconds", type=float, default=None, help="training wall time per side")
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--prompts-per-step", type=int, default=16)
+    parser.add_argument("--learning-rate", type=float, default=5e-4)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--eval-size", type=int, default=None)
+    parser.add_argument("--warm-start", type=Path, default=None, help="model folder (default: the demo's)")
+    parser.add_argument("--skip-trl", action="store_true", help="only reinforge's sides (prints no ratio)")
+    parser.add_argument("--skip-core", action="store_true", help="skip the engine + Policy.update side")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    args.seconds = args.seconds or (20.0 if args.quick else 120.0)
+    eval_size = args.eval_size or (64 if args.quick else 200)
+    torch.set_num_threads(1)  # one thread per process: the machine's 2 cores are shared
+
+    work = ROOT / ".bench" / "work" / "trainer-bench"
+    work.mkdir(parents=True, exist_ok=True)
+    warm = resolve_warm_start(args.warm_start)
+    model, tokenizer = load_warm_start(warm)
+    start_dir = work / "start-model"
+    shutil.rmtree(start_dir, ignore_errors=True)
+    model.save_pretrained(start_dir, safe_serialization=True)
+    tokenizer.save_pretrained(start_dir)
+    train = single_turn_tasks("train", 4000, args.seed)
+    held_out = single_turn_tasks("val", eval_size, 1)
+    print(
+        f"trainer_bench: warm start {warm}; {args.prompts_per_step} prompts x group {args.group_size} "
+        f"per step, lr {args.learning_rate}, max_tokens {args.max_tokens}, {args.seconds:g} s per side, "
+        f"torch threads 1, load average {os.getloadavg()[0]:.1f} (2 cores, shared)"
+    )
+    before = evaluate(model, tokenizer, held_out, args.max_tokens)
+    print(
+        f"start model, held-out first-call reward: sampled {before['sampled']:.3f} "
+        f"greedy {before['greedy']:.3f}"
+    )
+
+    # Sides run one after the other (never together: they would share the two cores).
+    trl = None if args.skip_trl else run_trl(start_dir, tokenizer, train, args, work)
+    trl_load = os.getloadavg()[0]
+    core = None if args.skip_core else run_core(model, tokenizer, train, args)
+    core_load = os.getloadavg()[0]
+    ours = run_reinforge(copy.deepcopy(model), tokenizer, train, args, work)
+    ours_load = os.getloadavg()[0]
+
+    ours_rate = report(
+        "reinforge Trainer.fit (store + gateway + engine + runner)",
+        ours["steps"],
+        ours["seconds"],
+        ours["rewards"],
+        evaluate(ours["model"], tokenizer, held_out, args.max_tokens),
+        ours_load,
+    )
+    print(f"  of which rollouts {ours['rollout_s']:.1f} s, policy updates {ours['update_s']:.1f} s")
+    question, recorded = ours["recorded_prompt"]
+    same = bool(recorded) and recorded == list(
+        tokenizer(prompt_text(tokenizer, question), add_special_tokens=False)["input_ids"]
+    )
+    print(f"prompt check: the gateway recorded {'the same' if same else 'DIFFERENT'} token ids TRL gets")
+    core_rate = None
+    if core is not None:
+        core_rate = report(
+            "reinforge core (engine + Policy.update, no spine)",
+            core["steps"],
+            core["seconds"],
+            core["rewards"],
+            evaluate(core["model"], tokenizer, held_out, args.max_tokens),
+            core_load,
+        )
+    if trl is None:
+        print("TRL skipped (--skip-trl): no ratio")
+        return
+    if isinstance(trl, str):
+        print(f"TRL baseline unavailable: {trl}")
+        return
+    from transformers import AutoModelForCausalLM
+
+    trl_model = AutoModelForCausalLM.from_pretrained(trl["final_model_dir"], dtype=torch.float32)
+    trl_seconds = trl["step_ends_s"][-1] if trl["step_ends_s"] else float("nan")
+    trl_rate = report(
+        f"TRL {trl['trl_version']} GRPOTrainer",
+        trl["steps"],
+        trl_seconds,
+        trl["rewards"],
+        evaluate(trl_model, tokenizer, held_out, args.max_tokens),
+        trl_load,
+    )
+    if core_rate is not None:
+        print(f"core steps/s vs TRL: {core_rate / trl_rate:.2f}x")
+        print(f"RESULT trainer_core_steps_per_s_ratio_vs_trl={core_rate / trl_rate:.2f}")
+    print(f"Trainer.fit steps/s vs TRL: {ours_rate / trl_rate:.2f}x")
+    print(f"RESULT trainer_steps_per_s_ratio_vs_trl={ours_rate / trl_rate:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,336 @@
+"""The gateway's state: backend, attempt checks, span recorder, and the pause gate.
+
+The HTTP handlers (`endpoints.py`) call into one `Gateway`; the trainer holds the same object (at
+`app.state.gateway`) to pause the gateway around a weight update and to flush an attempt's spans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import threading
+import time
+from collections.abc import AsyncGenerator, Callable, Coroutine
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+
+from reinforge import semconv
+from reinforge.gateway import formats
+from reinforge.gateway.attempts import AttemptGuard, AttemptState
+from reinforge.gateway.auth import attempt_token, bearer_token, token_matches
+from reinforge.gateway.backend import Backend, GenerationRequest, GenerationResult, TextDelta
+from reinforge.gateway.errors import GatewayHTTPError, UpstreamError
+from reinforge.gateway.recorder import SpanRecorder
+from reinforge.store.base import Store
+from reinforge.types import Span, SpanKind, SpanStatus
+
+T = TypeVar("T")
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+def new_id() -> str:
+    return secrets.token_hex(12)
+
+
+def _traceparent(header: str | None) -> tuple[str, str] | None:
+    """(trace_id, parent span id) from a W3C `traceparent` header, so agent spans can nest calls."""
+    if not header:
+        return None
+    parts = header.strip().split("-")
+    if len(parts) != 4 or len(parts[1]) != 32 or len(parts[2]) != 16:
+        return None
+    trace_id, parent = parts[1].lower(), parts[2].lower()
+    if not all(c in "0123456789abcdef" for c in trace_id + parent) or set(trace_id) == {"0"}:
+        return None
+    return trace_id, parent
+
+
+class Gateway:
+    """The state behind the app: backend, attempt checks, span recorder, and the pause gate.
+
+    Everything runs in the event loop that serves requests; `pause`, `resume` and `flush` may be
+    called from any thread or loop (the trainer usually runs elsewhere) and hop onto that loop.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        backend: Backend,
+        secret: str,
+        *,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        attempt_cache_ttl_s: float = 2.0,
+        max_queued_spans: int = 4096,
+        max_span_batch: int = 256,
+        span_linger_s: float = 0.05,
+    ) -> None:
+        if not secret:
+            raise ValueError("the gateway secret must not be empty")
+        self.store = store
+        self.backend = backend
+        self._secret = secret
+        self.max_body_bytes = max_body_bytes
+        self.attempts = AttemptGuard(store, ttl_s=attempt_cache_ttl_s)
+        self.recorder = SpanRecorder(
+            store, max_queue=max_queued_spans, max_batch=max_span_batch, linger_s=span_linger_s
+        )
+        texts = getattr(backend, "token_texts", None)
+        self.token_texts: formats.TokenTexts = texts if callable(texts) else formats.token_id_texts
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread_id: int | None = None
+        self._paused = False
+        self._open: asyncio.Event | None = None
+        self._idle: asyncio.Event | None = None
+        self._inflight = 0
+        self.calls = 0
+
+    # -- lifecycle and cross-thread control ---------------------------------------------------------
+
+    def bind(self) -> None:
+        """Attach to the serving loop on first use (mounted sub-apps get no lifespan events)."""
+        if self._loop is not None:
+            return
+        self._loop = asyncio.get_running_loop()
+        self._thread_id = threading.get_ident()
+        self._open = asyncio.Event()
+        if not self._paused:
+            self._open.set()
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.recorder.start()
+
+    async def _on_loop(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        loop = self._loop
+        if loop is None or loop is asyncio.get_running_loop():
+            return await make()
+        if loop.is_closed():
+            raise RuntimeError("the gateway's event loop has stopped (was its server shut down?)")
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make(), loop))
+
+    async def pause(self) -> None:
+        """Hold new calls at the door and return once every in-flight call has finished."""
+        self._paused = True
+
+        async def drain() -> None:
+            if self._open is not None:
+                self._open.clear()
+            if self._idle is not None:
+                await self._idle.wait()
+
+        await self._on_loop(drain)
+
+    def resume(self) -> None:
+        """Let held and new calls through again."""
+        self._paused = False
+        loop, gate = self._loop, self._open
+        if loop is None or gate is None:
+            return
+        if threading.get_ident() == self._thread_id:
+            gate.set()
+        else:
+            loop.call_soon_threadsafe(gate.set)
+
+    @property
+    def paused(self) -> bool:
+        return self._paused
+
+    @property
+    def in_flight(self) -> int:
+        return self._inflight
+
+    async def flush(self, attempt_id: str | None = None) -> None:
+        """Return once every span recorded so far for `attempt_id` (or for all) is in the store."""
+        if self._loop is None or self._loop.is_closed():
+            return  # never served, or shut down (its lifespan flushed everything)
+        await self._on_loop(lambda: self.recorder.flush(attempt_id))
+
+    async def close(self) -> None:
+        """Write every queued span, then stop the recorder.
+
+        A standalone app does this at shutdown; an app mounted in another (whose lifespan Starlette
+        does not run for mounts) needs the parent's lifespan to call it.
+        """
+        if self._loop is None or self._loop.is_closed():
+            return
+        await self._on_loop(self.recorder.close)
+
+    def token_for(self, attempt_id: str) -> str:
+        return attempt_token(self._secret, attempt_id)
+
+    async def _enter(self) -> None:
+        assert self._open is not None and self._idle is not None
+        while not self._open.is_set():
+            await self._open.wait()
+        self._inflight += 1
+        self._idle.clear()
+
+    def _leave(self) -> None:
+        assert self._idle is not None
+        self._inflight -= 1
+        if self._inflight == 0:
+            self._idle.set()
+
+    # -- request plumbing --------------------------------------------------------------------------
+
+    def check_token(self, request: Request, attempt_id: str) -> None:
+        given = bearer_token(request.headers.get("authorization"))
+        if given is None:
+            raise GatewayHTTPError(
+                401, "missing bearer token: send the attempt's token as the API key", code="missing_api_key"
+            )
+        if not token_matches(attempt_token(self._secret, attempt_id), given):
+            raise GatewayHTTPError(
+                401, f"the token is not valid for attempt {attempt_id!r}", code="invalid_api_key"
+            )
+
+    async def authorize(self, request: Request) -> AttemptState:
+        """Token (401), then the attempt's existence (404) and state (409)."""
+        self.bind()
+        attempt_id = request.path_params["attempt_id"]
+        self.check_token(request, attempt_id)
+        return await self.attempts.require_running(attempt_id)
+
+    async def read_json(self, request: Request) -> Any:
+        limit = self.max_body_bytes
+        length = request.headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                raise GatewayHTTPError(400, "invalid Content-Length header")
+            if int(length) > limit:
+                raise GatewayHTTPError(413, f"request body of {length} bytes exceeds the {limit}-byte limit")
+            raw = await request.body()
+        else:
+            chunks, size = [], 0
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    raise GatewayHTTPError(413, f"request body exceeds the {limit}-byte limit")
+                chunks.append(chunk)
+            raw = b"".join(chunks)
+        if not raw:
+            raise GatewayHTTPError(400, "the request body is empty; send a JSON object")
+        try:
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise GatewayHTTPError(400, f"the request body is not valid JSON: {exc}") from None
+
+    @staticmethod
+    def agent_name(request: Request) -> str | None:
+        name = request.path_params.get("agent_name") or request.headers.get("x-reinforge-agent")
+        return name or None
+
+    def _check_result(self, result: GenerationResult) -> GenerationResult:
+        if len(result.logprobs) != len(result.completion_token_ids):
+            raise UpstreamError(
+                f"the backend returned {len(result.completion_token_ids)} completion tokens but "
+                f"{len(result.logprobs)} logprobs; refusing to record a misaligned call"
+            )
+        return result
+
+    async def record_call(
+        self,
+        request: Request,
+        state: AttemptState,
+        *,
+        endpoint: str,
+        body: dict[str, Any],
+        response: dict[str, Any],
+        result: GenerationResult,
+        started: float,
+        latency_ms: float,
+    ) -> None:
+        attributes: dict[str, Any] = {
+            semconv.ATTR_STEP_KIND: semconv.STEP_LLM,
+            semconv.ATTR_LLM_ENDPOINT: endpoint,
+            semconv.ATTR_LLM_REQUEST: body,
+            semconv.ATTR_LLM_RESPONSE: response,
+            semconv.ATTR_PROMPT_TOKEN_IDS: result.prompt_token_ids,
+            semconv.ATTR_COMPLETION_TOKEN_IDS: result.completion_token_ids,
+            semconv.ATTR_COMPLETION_LOGPROBS: result.logprobs,
+            semconv.ATTR_POLICY_VERSION: result.policy_version,
+            semconv.ATTR_FINISH_REASON: result.finish_reason,
+            semconv.ATTR_MODEL: self.backend.model_name,
+            semconv.ATTR_LATENCY_MS: latency_ms,
+            semconv.ATTR_MALFORMED_TOOL_CALL: result.malformed_tool_call,
+            semconv.ATTR_SEQUENCE_IN_ATTEMPT: state.take_sequence(),
+        }
+        agent = self.agent_name(request)
+        if agent is not None:
+            attributes[semconv.ATTR_AGENT_NAME] = agent
+        if result.malformed_tool_call:
+            attributes[semconv.ATTR_AIR_SIGNAL] = semconv.AIR_MALFORMED_TOOL_CALL
+        await self._record(request, state, semconv.SPAN_LLM_CALL, SpanKind.client, attributes, started)
+        self.calls += 1
+
+    async def _record(
+        self,
+        request: Request,
+        state: AttemptState,
+        name: str,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        started: float,
+    ) -> Span:
+        parent = _traceparent(request.headers.get("traceparent"))
+        trace_id, parent_id = parent if parent is not None else (state.trace_id, None)
+        # model_construct: every value is built here and already valid; skipping validation keeps
+        # the per-call cost off the agent's latency.
+        span = Span.model_construct(
+            span_id=secrets.token_hex(8),
+            trace_id=trace_id,
+            parent_id=parent_id,
+            rollout_id=state.rollout_id,
+            attempt_id=state.attempt_id,
+            name=name,
+            kind=kind,
+            start_time=started,
+            end_time=time.time(),
+            attributes=attributes,
+            status=SpanStatus(),
+            events=[],
+            sequence=None,
+        )
+        await self.recorder.record(span)
+        return span
+
+    async def record_reward(
+        self, request: Request, state: AttemptState, value: float, final: bool, name: str | None
+    ) -> Span:
+        attributes: dict[str, Any] = {
+            semconv.ATTR_STEP_KIND: semconv.STEP_REWARD,
+            semconv.ATTR_REWARD_VALUE: value,
+            semconv.ATTR_SEQUENCE_IN_ATTEMPT: state.take_sequence(),
+        }
+        if name is not None:
+            attributes[semconv.ATTR_REWARD_NAME] = name
+        agent = self.agent_name(request)
+        if agent is not None:
+            attributes[semconv.ATTR_AGENT_NAME] = agent
+        span_name = semconv.SPAN_FINAL_REWARD if final else semconv.SPAN_REWARD
+        return await self._record(request, state, span_name, SpanKind.internal, attributes, time.time())
+
+    async def generate(self, gen: GenerationRequest) -> GenerationResult:
+        await self._enter()
+        try:
+            return self._check_result(await self.backend.generate(gen))
+        finally:
+            self._leave()
+
+    async def stream(self, gen: GenerationRequest) -> AsyncGenerator[TextDelta | GenerationResult, None]:
+        """The backend's stream inside the pause gate; ends with exactly one checked result."""
+        await self._enter()
+        try:
+            result: GenerationResult | None = None
+            async for item in self.backend.stream(gen):
+                if isinstance(item, GenerationResult):
+                    result = self._check_result(item)
+                else:
+                    yield item
+            if result is None:
+                raise UpstreamError("the backend's stream ended without a final result")
+            yield result
+        finally:
+            self._leave()

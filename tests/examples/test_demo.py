@@ -1,0 +1,80 @@
+"""`reinforge demo` end to end with a tiny budget, and the warm-start rebuild it depends on."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from reinforge.cli import app
+from reinforge.demo.run import DemoSettings, run_demo
+from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build_warm_start, load_warm_start
+from reinforge.errors import InvalidRequestError
+from reinforge.models import CHAT_TEMPLATE
+from reinforge.training.sft import SftConfig
+
+torch.set_num_threads(1)
+RESULT = re.compile(
+    r"^RESULT demo_heldout_success before=(\d\.\d{3}) after=(\d\.\d{3}) "
+    r"greedy_before=(\d\.\d{3}) greedy_after=(\d\.\d{3}) rl_minutes=(\d+\.\d{2})$"
+)
+TINY = WarmStartConfig(
+    num_traces=96,
+    hidden_size=32,
+    num_layers=1,
+    num_heads=2,
+    intermediate_size=64,
+    sft=SftConfig(steps=4, batch_size=8, warmup_steps=1),
+)
+
+
+@pytest.fixture(scope="module")
+def tiny_warm_start(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("run") / "warm_start"
+    report = build_warm_start(out, TINY)
+    assert report.steps == 4 and report.last_loss < report.first_loss
+    return out
+
+
+def test_rebuilt_warm_start_loads_with_the_chat_template(tiny_warm_start: Path) -> None:
+    model, tokenizer = load_warm_start(tiny_warm_start)
+    assert model.config.hidden_size == 32 and tokenizer.chat_template == CHAT_TEMPLATE
+    assert (tiny_warm_start / "warm_start.json").is_file()
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "7+18*2"}], tokenize=False)
+    assert "<|user|>7+18*2</s>" in str(text)
+    with pytest.raises(InvalidRequestError, match="rebuild-warm-start"):
+        load_warm_start(tiny_warm_start / "missing")
+
+
+def test_shipped_warm_start_is_small_and_loads() -> None:
+    files = list(SHIPPED_WARM_START.iterdir())
+    assert sum(f.stat().st_size for f in files) <= 5 * 1024 * 1024
+    model, _ = load_warm_start()
+    assert 0.9e6 < sum(p.numel() for p in model.parameters()) < 1.3e6
+
+
+def test_demo_pipeline_runs_end_to_end_on_a_tiny_budget(tiny_warm_start: Path) -> None:
+    run_dir = tiny_warm_start.parent  # the cached warm start in the run folder is picked up
+    settings = DemoSettings(
+        run_dir=run_dir, max_steps=1, minutes=1, tasks_per_step=2, group_size=2, val_size=4, progress=False
+    )
+    result = run_demo(settings)
+    assert result.warm_start == tiny_warm_start
+    assert result.fit.steps == 1 and result.fit.policy_version == 1
+    match = RESULT.match(result.result_line())
+    assert match is not None
+    assert (run_dir / "reward_curve.png").is_file() and (run_dir / "store.db").is_file()
+
+
+def test_demo_command_prints_the_result_line(tiny_warm_start: Path, tmp_path: Path) -> None:
+    run_dir = tmp_path / "cli-run"
+    run_dir.mkdir()
+    (run_dir / "warm_start").symlink_to(tiny_warm_start, target_is_directory=True)
+    out = CliRunner().invoke(app, ["demo", "--run-dir", str(run_dir), "--max-steps", "1", "--val-size", "2"])
+    assert out.exit_code == 0, out.output
+    assert RESULT.match(out.output.strip().splitlines()[-1])
+    bad = CliRunner().invoke(app, ["demo", "--run-dir", str(run_dir), "--credit-mode", "sideways"])
+    assert bad.exit_code == 2 and "error" in bad.output

@@ -1,0 +1,92 @@
+"""The gateway's keep-alive client against real sockets: reuse, chunked bodies, servers that close."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+
+from reinforge.gateway.http11 import HTTPConnectionError, KeepAliveClient
+
+
+class RawServer:
+    """An HTTP/1.1 server on a raw socket, so each test picks the exact bytes it answers with."""
+
+    def __init__(self, answer: bytes, close_after: bool = False) -> None:
+        self.answer = answer
+        self.close_after = close_after
+        self.connections = 0
+        self.requests: list[bytes] = []
+
+    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next(
+                    int(line.split(b":")[1])
+                    for line in head.split(b"\r\n")
+                    if line.lower().startswith(b"content-length")
+                )
+                self.requests.append(head + await reader.readexactly(length))
+                writer.write(self.answer)
+                await writer.drain()
+                if self.close_after:
+                    writer.close()
+                    return
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+
+@pytest.fixture
+async def raw() -> AsyncIterator[tuple[RawServer, str]]:
+    body = b'{"ok": true}'
+    server = RawServer(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    yield server, f"http://127.0.0.1:{port}"
+    listener.close()
+
+
+async def test_connections_are_reused(raw: tuple[RawServer, str]) -> None:
+    server, url = raw
+    client = KeepAliveClient(url, {"Authorization": "Bearer k"})
+    for n in range(5):
+        status, body = await client.post("/v1/x", json.dumps({"n": n}).encode(), timeout=5)
+        assert (status, json.loads(body)) == (200, {"ok": True})
+    assert server.connections == 1
+    assert server.requests[0].startswith(b"POST /v1/x HTTP/1.1\r\n")
+    assert b"Authorization: Bearer k\r\n" in server.requests[0]
+    assert server.requests[4].endswith(b'{"n": 4}')
+    client.close()
+
+
+async def test_chunked_bodies_and_closing_servers() -> None:
+    chunked = (
+        b"HTTP/1.1 502 Bad Gateway\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    )
+    server = RawServer(chunked, close_after=True)
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    client = KeepAliveClient(url)
+    for _ in range(3):  # each answer closes its connection; the next request opens a fresh one
+        assert await client.post("/", b"{}", timeout=5) == (502, b"hello world")
+    assert server.connections == 3
+    listener.close()
+    await listener.wait_closed()
+    with pytest.raises(OSError):
+        await client.post("/", b"{}", timeout=5)
+
+
+async def test_a_truncated_response_is_an_error() -> None:
+    server = RawServer(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", close_after=True)
+    listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
+    client = KeepAliveClient(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}")
+    with pytest.raises(HTTPConnectionError, match="closed before the response was complete"):
+        await client.post("/", b"{}", timeout=5)
+    listener.close()
+    with pytest.raises(ValueError, match="plain http"):
+        KeepAliveClient("https://example.invalid")

@@ -1,0 +1,79 @@
+"""The app itself: OpenAPI bodies, mounting other apps, the dashboard's JSON calls, store ownership."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from reinforge.serving import BackgroundServer
+from reinforge.store.memory import MemoryStore
+from reinforge.store.server import create_store_app
+from reinforge.types import RolloutSpec
+
+from .conftest import TOKEN
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_openapi_declares_every_request_body(server: BackgroundServer) -> None:
+    spec = httpx.get(server.url + "/openapi.json").json()
+    posts = {path: item["post"] for path, item in spec["paths"].items() if "post" in item}
+    assert len(posts) == 11
+    for path, operation in posts.items():
+        ref = operation["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        name = ref.rsplit("/", 1)[1]
+        assert name in spec["components"]["schemas"], (path, name)
+    assert "Span" in spec["components"]["schemas"]
+    assert spec["components"]["securitySchemes"]["HTTPBearer"]["scheme"] == "bearer"
+
+
+def test_other_apps_mount_beside_the_store() -> None:
+    gateway = FastAPI()
+
+    @gateway.get("/ping")
+    async def ping() -> dict[str, str]:
+        return {"pong": "yes"}
+
+    app = create_store_app(MemoryStore(), TOKEN)
+    app.mount("/gateway", gateway)
+    with BackgroundServer(app) as srv:
+        assert httpx.get(srv.url + "/gateway/ping").json() == {"pong": "yes"}  # its own auth, not ours
+        assert httpx.get(srv.url + "/store/counters").status_code == 401
+
+
+async def test_the_dashboard_calls_routes_that_answer(server: BackgroundServer) -> None:
+    page = httpx.get(server.url + "/dashboard").text
+    calls = re.findall(r'call\("(GET|POST)", "(/store/[a-z/]+)"', page)
+    assert {path for _, path in calls} == {
+        "/store/counters",
+        "/store/resources/latest",
+        "/store/rollouts/query",
+    }
+    async with httpx.AsyncClient(base_url=server.url, headers=AUTH) as http:
+        await http.post("/store/rollouts/enqueue", json={"specs": [{"rollout_id": "d1"}]})
+        await http.post("/store/resources", json={"resources": {"model": "tiny"}})
+        for method, path in calls:
+            response = await http.request(
+                method, path, json={"limit": 25, "offset": 0} if method == "POST" else None
+            )
+            assert response.status_code == 200, (path, response.text)
+    assert httpx.get(server.url + "/", follow_redirects=True).url.path == "/dashboard"
+
+
+async def test_a_given_store_stays_open_after_the_server_stops() -> None:
+    store = MemoryStore()
+    with BackgroundServer(create_store_app(store, TOKEN)) as srv:
+        assert httpx.post(
+            srv.url + "/store/rollouts/enqueue", json={"specs": [{"rollout_id": "kept"}]}, headers=AUTH
+        ).is_success
+    assert (await store.get_rollout("kept")).rollout_id == "kept"
+    await store.enqueue_rollouts([RolloutSpec(rollout_id="still-usable")])
+
+
+@pytest.mark.parametrize("kwargs", [{"token": ""}, {"token": "t", "max_body_bytes": 0}])
+def test_bad_app_arguments(kwargs: dict[str, object]) -> None:
+    with pytest.raises(ValueError):
+        create_store_app(MemoryStore(), **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,58 @@
+"""The supervised warm start: which tokens carry loss, and that training lowers it."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import pytest
+
+from reinforge.demo.calculator import CALCULATOR_TOOL
+from reinforge.demo.tasks import generate_tasks, make_task
+from reinforge.demo.traces import TraceMix, synthetic_trace, synthetic_traces
+from reinforge.errors import InvalidRequestError
+from reinforge.training.sft import SftConfig, render_conversation, supervised_finetune
+
+from .conftest import small_model
+
+RIGHT = TraceMix(guess=0, whole_expression=0, left_to_right=0, answer_early=0)
+
+
+def test_only_assistant_tokens_carry_loss(tokenizer: Any) -> None:
+    trace = synthetic_trace(make_task(7, "+", 18, "*", 2), random.Random(0), RIGHT)
+    example = render_conversation(tokenizer, trace, [CALCULATOR_TOOL])
+    trained = [t for t, m in zip(example.input_ids, example.loss_mask, strict=True) if m]
+    text = tokenizer.decode(trained)
+    assert text == (
+        '<tool_call>{"name":"calculator","arguments":{"expression":"18*2"}}</tool_call></s>'
+        '<tool_call>{"name":"calculator","arguments":{"expression":"7+36"}}</tool_call></s>'
+        "ANSWER: 43</s>"
+    )
+    context = tokenizer.decode(
+        [t for t, m in zip(example.input_ids, example.loss_mask, strict=True) if not m]
+    )
+    assert "7+18*2" in context and "<|tool|>36</s>" in context and "calculator(expression)" in context
+
+
+def test_conversations_without_assistant_turns_are_rejected(tokenizer: Any) -> None:
+    with pytest.raises(InvalidRequestError, match="assistant"):
+        render_conversation(tokenizer, [{"role": "user", "content": "1+2"}])
+
+
+def test_supervised_finetune_lowers_the_loss(tokenizer: Any) -> None:
+    model = small_model(tokenizer)
+    traces = synthetic_traces(generate_tasks("train", 64, seed=1), seed=1)
+    examples = [render_conversation(tokenizer, t, [CALCULATOR_TOOL]) for t in traces]
+    seen: list[float] = []
+    report = supervised_finetune(
+        model,
+        examples,
+        SftConfig(steps=25, batch_size=16, learning_rate=3e-3, warmup_steps=2),
+        pad_id=tokenizer.pad_token_id,
+        on_step=lambda step, loss: seen.append(loss),
+    )
+    assert report.steps == 25 and len(seen) == 25
+    assert report.last_loss < 0.6 * report.first_loss
+    assert not model.training  # left in eval mode for generation
+    with pytest.raises(InvalidRequestError):
+        supervised_finetune(model, [])

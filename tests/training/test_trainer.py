@@ -1,0 +1,123 @@
+"""Trainer.fit end to end on CPU: real SQLite store, store server + gateway, engine, runners."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from reinforge.algorithms import GRPO
+from reinforge.credit import CreditConfig
+from reinforge.errors import InvalidRequestError
+from reinforge.training import Trainer, TrainerConfig
+from reinforge.training.checkpoint import latest_checkpoint, load_checkpoint
+
+from .conftest import parity_agent, small_model
+
+TRAIN = [{"task_id": f"t{i}", "question": f"{i}+{i}*2"} for i in range(20)]
+VAL = [{"task_id": f"v{i}", "question": f"{i}*3-1"} for i in range(4)]
+
+
+def config(run_dir: Path, **kw: Any) -> TrainerConfig:
+    base: dict[str, Any] = {
+        "run_dir": run_dir,
+        "max_steps": 2,
+        "tasks_per_step": 2,
+        "learning_rate": 1e-2,
+        "val_every": 0,
+        "checkpoint_every": 1,
+        "max_tokens": 6,
+        "engine_max_batch_size": 16,
+        "engine_max_seq_len": 128,
+        "runner_concurrency": 16,
+        "progress": False,
+    }
+    return TrainerConfig(**{**base, **kw})
+
+
+def weights(model: Any) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in model.parameters()])
+
+
+def test_fit_trains_publishes_and_records_everything(tokenizer: Any, tmp_path: Path) -> None:
+    model = small_model(tokenizer)
+    start = weights(model).clone()
+    trainer = Trainer(
+        model,
+        tokenizer,
+        algorithm=GRPO(group_size=4),
+        credit=CreditConfig(mode="per_call"),
+        config=config(tmp_path),
+    )
+    result = trainer.fit(parity_agent, TRAIN, VAL)
+
+    assert result.steps == 2 and result.policy_version == 2 and result.resumed_from is None
+    assert not torch.equal(weights(model), start)
+    steps = [r for r in result.history if "train/reward" in r]
+    assert [r["step"] for r in steps] == [1, 2]
+    assert [r["policy_version"] for r in steps] == [1, 2]
+    for r in steps:
+        assert r["train/rollouts"] == 8 and r["credit/transitions"] == 8 and r["tokens"] > 0
+        assert 0.0 <= r["train/reward"] <= 1.0
+    assert set(result.val_before) == {"val/success", "val/greedy_success"} == set(result.val_after)
+    assert (tmp_path / "metrics.jsonl").is_file() and (tmp_path / "reward_curve.png").is_file()
+    assert (tmp_path / "store.db").is_file() and not (tmp_path / "store.url").exists()
+    assert any((tmp_path / "tensorboard").iterdir())
+    meta, _, _ = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))  # type: ignore[arg-type]
+    assert meta.step == 2 and meta.policy_version == 2 and meta.sampler == {"epoch": 0, "position": 4}
+
+
+def test_resume_continues_from_the_last_checkpoint(tokenizer: Any, tmp_path: Path) -> None:
+    first = Trainer(small_model(tokenizer), tokenizer, algorithm=GRPO(group_size=2), config=config(tmp_path))
+    first.fit(parity_agent, TRAIN, VAL)
+    saved_meta, saved_policy, _ = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))  # type: ignore[arg-type]
+
+    # A fresh process: new model object from the same warm start, more steps asked.
+    model = small_model(tokenizer)
+    resumed = Trainer(model, tokenizer, algorithm=GRPO(group_size=2), config=config(tmp_path, max_steps=3))
+    result = resumed.fit(parity_agent, TRAIN, VAL)
+    assert result.resumed_from == 2 and result.steps == 3 and result.policy_version == 3
+    steps = [r["step"] for r in result.history if "train/reward" in r]
+    assert steps == [1, 2, 3]  # no step done twice, none skipped
+    before = [r for r in result.history if r["step"] == 0]
+    assert len(before) == 1  # the "before" validation is not redone on resume
+    meta, policy_state, _ = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))  # type: ignore[arg-type]
+    assert meta.sampler == {"epoch": 0, "position": 6}
+    assert saved_meta.step == 2 and meta.step == 3
+    assert any(
+        not torch.equal(saved_policy["model"][k], policy_state["model"][k]) for k in policy_state["model"]
+    )
+
+
+def test_resumed_state_equals_the_checkpoint(tokenizer: Any, tmp_path: Path) -> None:
+    """Loading a checkpoint into a fresh policy restores the weights and the optimiser exactly."""
+    from reinforge.training.policy import Policy
+
+    Trainer(
+        small_model(tokenizer), tokenizer, algorithm=GRPO(group_size=2), config=config(tmp_path, max_steps=1)
+    ).fit(parity_agent, TRAIN)
+    _, state, _ = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))  # type: ignore[arg-type]
+    policy = Policy(small_model(tokenizer), GRPO(group_size=2), pad_token_id=0, learning_rate=1e-2)
+    policy.load_state_dict(state)
+    restored = policy.state_dict()
+    assert all(torch.equal(restored["model"][k], v) for k, v in state["model"].items())
+    for key, value in state["optimizer"]["state"][0].items():
+        assert torch.equal(restored["optimizer"]["state"][0][key], value)
+
+
+def test_trainer_rejects_bad_settings(tokenizer: Any, tmp_path: Path) -> None:
+    with pytest.raises(InvalidRequestError, match="trainer settings"):
+        Trainer(small_model(tokenizer), tokenizer, run_dir=tmp_path, tasks_per_step=0)
+    with pytest.raises(InvalidRequestError, match="empty"):
+        Trainer(small_model(tokenizer), tokenizer, run_dir=tmp_path).fit(parity_agent, [])
+
+
+def test_metrics_lines_are_json(tokenizer: Any, tmp_path: Path) -> None:
+    Trainer(
+        small_model(tokenizer), tokenizer, algorithm=GRPO(group_size=2), config=config(tmp_path, max_steps=1)
+    ).fit(parity_agent, TRAIN)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert all(isinstance(json.loads(line), dict) for line in lines)
