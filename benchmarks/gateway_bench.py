@@ -39,6 +39,7 @@ import httpx
 import openai
 import uvicorn
 from _agl import BASELINES, AglServer, BaselineUnavailable, agl_python, free_port, wait_http
+from baselines import event_loop
 from baselines.procstat import cpu_seconds
 
 from reinforge import semconv
@@ -97,7 +98,7 @@ def serve_gateway(upstream_url: str, store_url: str) -> None:
         await store.close()
         print(json.dumps({"spans": spans}), flush=True)
 
-    asyncio.run(run())
+    event_loop.run(run)
 
 
 class ReinforgeGateway:

@@ -26,24 +26,37 @@ training, for the equal+air credit the demo uses.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
+import multiprocessing
 import os
 import shutil
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from reinforge.algorithms import GRPO
+from reinforge.algorithms import (
+    GRPO,
+    collate_transitions,
+    compute_advantages,
+    compute_token_logprobs,
+    loss_scales,
+    policy_loss,
+)
 from reinforge.credit import CreditConfig
 from reinforge.demo.agent import calc_agent
 from reinforge.demo.run import DemoSettings
 from reinforge.demo.tasks import train_tasks, val_tasks
 from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build_warm_start, load_warm_start
-from reinforge.training import Trainer, TrainerConfig
+from reinforge.store.factory import open_store
+from reinforge.training import SftConfig, Trainer, TrainerConfig
+from reinforge.training.rollouts import collect_transitions
+from reinforge.types import MAX_PAGE_SIZE, RolloutMode, RolloutQuery
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILT_WARM_START = ROOT / ".bench" / "calc-warm-start"
@@ -61,10 +74,10 @@ class Variant:
 
 
 VARIANTS = (
-    Variant("per_call/equal", "per_call", ("equal",)),
     Variant("per_call/equal+air", "per_call", ("equal", "air")),
-    Variant("merged/equal", "merged", ("equal",)),
     Variant("merged/equal+air", "merged", ("equal", "air")),
+    Variant("per_call/equal", "per_call", ("equal",)),
+    Variant("merged/equal", "merged", ("equal",)),
 )
 ABLATION = Variant(
     "per_call/equal+air/seq-mean-per-transition",
@@ -80,8 +93,12 @@ def resolve_warm_start(explicit: Path | None) -> Path:
     for path in (explicit, SHIPPED_WARM_START, BUILT_WARM_START):
         if path is not None and (path / "config.json").is_file():
             return path
+    demo = DemoSettings()
     print(f"no shipped warm start; building the demo's recipe into {BUILT_WARM_START} (minutes, once)")
-    build_warm_start(BUILT_WARM_START, WarmStartConfig())
+    sft = SftConfig(
+        steps=demo.warm_start_steps, batch_size=32
+    )  # what `reinforge demo --rebuild-warm-start` runs
+    build_warm_start(BUILT_WARM_START, WarmStartConfig(seed=demo.seed, sft=sft))
     return BUILT_WARM_START
 
 
@@ -153,10 +170,14 @@ def describe(summary: dict[str, Any]) -> str:
     for r in h:
         if r.get("groups"):
             r["flat_share"] = float(r.get("groups_flat", 0.0)) / float(r["groups"])
+    greedy = (
+        f", greedy {before['val/greedy_success']:.3f} -> {after.get('val/greedy_success', nan):.3f}"
+        if "val/greedy_success" in before
+        else ""
+    )
     lines = [
         f"{summary['variant']}: held-out sampled {before.get('val/success', nan):.3f} -> "
-        f"{after.get('val/success', nan):.3f}, greedy {before.get('val/greedy_success', nan):.3f}"
-        f" -> {after.get('val/greedy_success', nan):.3f}  ({summary['steps']} steps, "
+        f"{after.get('val/success', nan):.3f}{greedy}  ({summary['steps']} steps, "
         f"{summary['rl_minutes']:.1f} min RL, {summary['wall_minutes']:.1f} min wall)",
         "    train success by step: " + " ".join(f"{s:.2f}" for s in curve),
         f"    first/last third: entropy {_mean(h[:third], entropy):.3f}/{_mean(h[-third:], entropy):.3f}, "
@@ -172,7 +193,7 @@ def describe(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     demo = DemoSettings()
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
@@ -191,7 +212,92 @@ def main() -> None:
     parser.add_argument("--warm-start", type=Path, default=None, help="model folder (default: the demo's)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "learning-bench")
     parser.add_argument("--seed", type=int, default=demo.seed)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--gradient-check",
+        action="store_true",
+        help="compare first-step gradients across loss normalisations",
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at once, one process each")
+    return parser
+
+
+GRADIENT_CASES = (
+    ("merged, token-mean", "merged", "token-mean", "rollout"),
+    ("per_call, token-mean", "per_call", "token-mean", "rollout"),
+    ("per_call, seq-mean-token-mean per rollout", "per_call", "seq-mean-token-mean", "rollout"),
+    ("merged, seq-mean-token-mean", "merged", "seq-mean-token-mean", "rollout"),
+    ("per_call, seq-mean-token-mean per transition", "per_call", "seq-mean-token-mean", "transition"),
+)
+
+
+def gradient_check(run_dir: Path, warm: Path, group_size: int) -> list[str]:
+    """Compare the first step's policy gradient under each transition mode and loss normalisation.
+
+    The spans of a finished run's first step are turned into transitions per call and merged, and the
+    gradient of the warm-start policy is computed for each normalisation. Cosine and norm are against
+    merged/token-mean; "answer weight" is the share of the loss weight on the short final-answer
+    calls (no tool call), which per-transition normalisation inflates.
+    """
+    return asyncio.run(_gradient_check(run_dir, warm, group_size))
+
+
+async def _gradient_check(run_dir: Path, warm: Path, group_size: int) -> list[str]:
+    store = await open_store(f"sqlite:///{(run_dir / 'store.db').resolve()}")
+    try:
+        page = await store.query_rollouts(RolloutQuery(mode=RolloutMode.train, limit=MAX_PAGE_SIZE))
+        first = [r for r in page.items if "-s1-" in r.rollout_id]
+        built = {
+            mode: (await collect_transitions(store, first, CreditConfig(mode=mode)))[0]
+            for mode in ("per_call", "merged")
+        }
+    finally:
+        await store.close()
+    model, tokenizer = load_warm_start(warm)
+    call_start = tokenizer.convert_tokens_to_ids("<tool_call>")
+    grads: dict[str, torch.Tensor] = {}
+    lines = []
+    for label, mode, loss_agg, seq_unit in GRADIENT_CASES:
+        algorithm = GRPO(group_size=group_size, loss_agg=loss_agg, seq_unit=seq_unit)  # type: ignore[arg-type]
+        transitions = [t.model_copy(deep=True) for t in built[mode] if any(t.response_mask)]
+        compute_advantages(transitions, algorithm)
+        scales = loss_scales(transitions, algorithm)
+        batch = collate_transitions(transitions, pad_token_id=int(tokenizer.pad_token_id))
+        model.zero_grad(set_to_none=True)
+        lp = compute_token_logprobs(model, batch.input_ids, batch.attention_mask, batch.response_mask)
+        loss, _ = policy_loss(
+            lp.logprobs,
+            batch.behaviour_logprobs,
+            batch.advantages,
+            batch.response_mask,
+            algorithm,
+            old_logprobs=lp.logprobs.detach(),
+            scales=torch.tensor(scales, dtype=torch.float32),
+        )
+        loss.backward()
+        grads[label] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        weights = [scale * sum(t.response_mask) for scale, t in zip(scales, transitions, strict=True)]
+        answers = sum(
+            w
+            for w, t in zip(weights, transitions, strict=True)
+            if t.num_calls == 1 and call_start not in t.response_ids
+        )
+        reference = grads[GRADIENT_CASES[0][0]]
+        cosine = float(torch.nn.functional.cosine_similarity(grads[label], reference, dim=0))
+        lines.append(
+            f"    {label:<46} {len(transitions):>4} transitions  cosine {cosine:+.3f}  "
+            f"norm x{float(grads[label].norm() / reference.norm()):.2f}  "
+            f"answer weight {answers / sum(weights):.2f}"
+        )
+    return lines
+
+
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def main() -> None:
+    demo = DemoSettings()
+    args = build_parser().parse_args()
     args.steps = args.steps if args.steps is not None else (2 if args.quick else 30)
     args.tasks_per_step = args.tasks_per_step or (8 if args.quick else demo.tasks_per_step)
     args.group_size = args.group_size or (4 if args.quick else demo.group_size)
@@ -216,15 +322,29 @@ def main() -> None:
         flush=True,
     )
     summaries: dict[str, dict[str, Any]] = {}
-    for variant in variants:
-        summary = run_variant(variant, warm, args, args.out)
-        summaries[variant.name] = summary
-        print(describe(summary) + f"\n    (load average {os.getloadavg()[0]:.1f})", flush=True)
+    # Runs are independent; --jobs N runs N at once in separate processes (each on one torch thread).
+    with ProcessPoolExecutor(
+        max_workers=max(1, args.jobs),
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_one_thread,
+    ) as pool:
+        futures = {pool.submit(run_variant, v, warm, args, args.out): v for v in variants}
+        for future in as_completed(futures):
+            summary = future.result()
+            summaries[summary["variant"]] = summary
+            print(describe(summary) + f"\n    (load average {os.getloadavg()[0]:.1f})", flush=True)
+    summaries = {v.name: summaries[v.name] for v in variants}
     (args.out / "summary.json").write_text(
         json.dumps({k: {**v, "history": v["history"]} for k, v in summaries.items()}, indent=1) + "\n",
         encoding="utf-8",
     )
     print(f"run folders and summary.json under {args.out}")
+    if args.gradient_check:
+        source = Path(next(iter(summaries.values()))["run_dir"])
+        print(
+            f"first-step policy gradient from the warm start, spans of {source.name} (vs merged, token-mean):"
+        )
+        print("\n".join(gradient_check(source, warm, args.group_size)))
     per_call = summaries.get("per_call/equal+air")
     merged = summaries.get("merged/equal+air")
     if per_call is None or merged is None:

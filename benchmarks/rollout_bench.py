@@ -14,6 +14,8 @@ Two agents, each measured on its own fresh store:
   which makes the same call and prints `REINFORGE_REWARD=1.0`.
 Throughput is N rollouts / the time from the runner's start to the last finished attempt; the script
 then checks that every rollout succeeded and that the store holds one LLM-call span per rollout.
+For comparison, agentlightning 1.0.2 (its own venv under `.bench/`) runs the same subprocess agent
+through its own local controller (`baselines/agl_rollout_driver.py`); `--skip-baseline` skips it.
 
     .venv/bin/python benchmarks/rollout_bench.py [--quick] [--inprocess N] [--subprocess N]
 
@@ -42,6 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import openai
 import uvicorn
 from _agl import BASELINES, AglServer, BaselineUnavailable, agl_python, free_port, run_driver, wait_http
+from baselines import event_loop
 from baselines.procstat import cpu_seconds
 
 from reinforge import semconv
@@ -83,7 +86,7 @@ def serve_spine(upstream_url: str, db_url: str) -> None:
         await backend.aclose()
         await store.close()
 
-    asyncio.run(run())
+    event_loop.run(run)
 
 
 class SpineServer:

@@ -1,7 +1,7 @@
 """Store throughput over HTTP: reinforge (SQLite behind `reinforge store serve`) vs agentlightning 1.0.2.
 
 What it measures, for each system in the same run and on the same machine:
-- completed rollouts/s: enqueue N rollouts (5,000; `--quick`: 400), then 16 concurrent clients each
+- completed rollouts/s: enqueue N rollouts (5,000; `--quick`: 300), then 16 concurrent clients each
   lease a rollout, record its 6 LLM-call spans (~7.7 KB each, vLLM token ids and logprobs) and one
   reward, and finish it, until the queue is empty. Wall time from the first enqueue to the last finish.
 - lease latency p50/p99 as each client sees it (agentlightning: list queued + claim by PATCH).
@@ -95,12 +95,12 @@ class StoreServer:
         self.run_dir = run_dir
         db = f"sqlite:///{run_dir / 'store.db'}"
         self._proc = subprocess.Popen(
-            # The same code as `reinforge store serve`, called through the store's own typer app so
-            # that the benchmark does not depend on every other sub-command importing.
+            # Exactly `reinforge store serve`, with this interpreter.
             [
                 sys.executable,
-                "-c",
-                "from reinforge.store.cli import store_app; store_app()",
+                "-m",
+                "reinforge.cli",
+                "store",
                 "serve",
                 "--run-dir",
                 str(run_dir),
@@ -281,18 +281,18 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="a smaller workload (under a minute)")
-    parser.add_argument("--rollouts", type=int, help="rollouts to enqueue (default 5000; quick 400)")
+    parser.add_argument("--rollouts", type=int, help="rollouts to enqueue (default 5000; quick 300)")
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument(
-        "--ingest-spans", type=int, help="spans in the ingest phase (default 20000; quick 4000)"
+        "--ingest-spans", type=int, help="spans in the ingest phase (default 20000; quick 3000)"
     )
     parser.add_argument(
         "--baseline-rollouts", type=int, help="rollouts for agentlightning (default: the same as ours)"
     )
     parser.add_argument("--skip-baseline", action="store_true", help="measure reinforge only (no ratio)")
     args = parser.parse_args()
-    n = args.rollouts or (400 if args.quick else 5000)
-    ingest = args.ingest_spans if args.ingest_spans is not None else (4000 if args.quick else 20000)
+    n = args.rollouts or (300 if args.quick else 5000)
+    ingest = args.ingest_spans if args.ingest_spans is not None else (3000 if args.quick else 20000)
     n_agl = args.baseline_rollouts or n
 
     print(
@@ -306,7 +306,7 @@ def main() -> None:
     theirs: dict[str, Any] | None = None
     if not args.skip_baseline:
         try:
-            theirs = run_agl(n_agl, args.clients, min(ingest, 4000))
+            theirs = run_agl(n_agl, args.clients, min(ingest, 1000 if args.quick else 4000))
             rows.append(theirs)
         except BaselineUnavailable as exc:
             print(f"baseline agentlightning 1.0.2 unavailable: {exc}; no ratio is printed")

@@ -52,6 +52,7 @@ from reinforge import semconv  # noqa: E402
 from reinforge.algorithms import GRPO, compute_advantages  # noqa: E402
 from reinforge.credit import CreditConfig  # noqa: E402
 from reinforge.demo.calculator import CALCULATOR_TOOL  # noqa: E402
+from reinforge.demo.run import DemoSettings  # noqa: E402
 from reinforge.demo.tasks import generate_tasks  # noqa: E402
 from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build_warm_start, load_warm_start  # noqa: E402
 from reinforge.engine.backend import TURN_MARKERS  # noqa: E402
@@ -59,7 +60,7 @@ from reinforge.engine.engine import Engine  # noqa: E402
 from reinforge.gateway.backend import SamplingParams  # noqa: E402
 from reinforge.runner import LLM, agent  # noqa: E402
 from reinforge.store.factory import open_store  # noqa: E402
-from reinforge.training import Policy, Trainer, TrainerConfig  # noqa: E402
+from reinforge.training import Policy, SftConfig, Trainer, TrainerConfig  # noqa: E402
 from reinforge.types import SpanQuery, Transition  # noqa: E402
 
 TRL_PYTHON = ROOT / ".bench" / "trl-venv" / "bin" / "python"
@@ -144,8 +145,12 @@ def resolve_warm_start(explicit: Path | None) -> Path:
     for path in (explicit, SHIPPED_WARM_START, BUILT_WARM_START):
         if path is not None and (path / "config.json").is_file():
             return path
+    demo = DemoSettings()
     print(f"no shipped warm start; building the demo's recipe into {BUILT_WARM_START} (minutes, once)")
-    build_warm_start(BUILT_WARM_START, WarmStartConfig())
+    sft = SftConfig(
+        steps=demo.warm_start_steps, batch_size=32
+    )  # what `reinforge demo --rebuild-warm-start` runs
+    build_warm_start(BUILT_WARM_START, WarmStartConfig(seed=demo.seed, sft=sft))
     return BUILT_WARM_START
 
 
@@ -368,7 +373,7 @@ def report(
     return rate
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="20 s per side and a small held-out set")
     parser.add_argument("--seconds", type=float, default=None, help="training wall time per side")
@@ -381,7 +386,11 @@ def main() -> None:
     parser.add_argument("--skip-trl", action="store_true", help="only reinforge's sides (prints no ratio)")
     parser.add_argument("--skip-core", action="store_true", help="skip the engine + Policy.update side")
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     args.seconds = args.seconds or (20.0 if args.quick else 120.0)
     eval_size = args.eval_size or (64 if args.quick else 200)
     torch.set_num_threads(1)  # one thread per process: the machine's 2 cores are shared

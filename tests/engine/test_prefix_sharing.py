@@ -9,7 +9,7 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from reinforge.engine import Engine, EngineDelta
+from reinforge.engine import Engine, EngineDelta, EngineOutput
 from reinforge.gateway.backend import SamplingParams
 
 from .conftest import hf_greedy, prompts
@@ -48,7 +48,7 @@ async def test_cpu_a_conversation_continues_from_a_running_sequence(
     follow = first + reference[:12] + tokenizer(" And 8 plus 9?")["input_ids"]
     follow_params = SamplingParams(temperature=0.9, max_tokens=15, seed=4)
     seen = 0
-    follow_task: asyncio.Task[object] | None = None
+    follow_task: asyncio.Task[EngineOutput] | None = None
     async for item in engine.stream(first, params):
         if isinstance(item, EngineDelta):
             seen += len(item.token_ids)
@@ -58,12 +58,12 @@ async def test_cpu_a_conversation_continues_from_a_running_sequence(
     out = await follow_task
     assert engine.stats()["prefix_cached_tokens"] == len(first) + 12
     # Exactly what a full forward gives: the logprobs match a recompute within float32 noise.
-    ids = torch.tensor([follow + out.token_ids])  # type: ignore[attr-defined]
+    ids = torch.tensor([follow + out.token_ids])
     with torch.no_grad():
         logprobs = torch.log_softmax(llama(ids).logits[0], dim=-1)
-    n = len(out.token_ids)  # type: ignore[attr-defined]
-    expected = logprobs[torch.arange(len(follow) - 1, len(follow) - 1 + n), torch.tensor(out.token_ids)]  # type: ignore[attr-defined]
-    assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)  # type: ignore[attr-defined]
+    n = len(out.token_ids)
+    expected = logprobs[torch.arange(len(follow) - 1, len(follow) - 1 + n), torch.tensor(out.token_ids)]
+    assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)
 
 
 async def test_cpu_prefix_sharing_can_be_turned_off(

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from reinforge.engine import Engine, EngineDelta, EngineOutput, EngineStoppedError
+from reinforge.engine import Engine, EngineDelta, EngineError, EngineOutput, EngineStoppedError
 from reinforge.errors import InvalidRequestError
 from reinforge.gateway.backend import SamplingParams
 
@@ -181,3 +181,25 @@ async def test_cpu_stop_fails_queued_and_running_requests(
             await task
     with pytest.raises(EngineStoppedError):
         await engine.generate(p[0], GREEDY)
+
+
+async def test_cpu_a_failing_forward_fails_its_requests_and_serving_goes_on(
+    llama: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerFast,
+    make_engine: Callable[..., Engine],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    engine = make_engine(llama, tokenizer)
+    runner = engine._runner
+    real_prefill = runner.prefill
+
+    def broken(*args: object, **kwargs: object) -> torch.Tensor:
+        raise RuntimeError("out of memory (simulated)")
+
+    # Simulates a device failure such as running out of memory inside a forward.
+    monkeypatch.setattr(runner, "prefill", broken)
+    batch = prompts(tokenizer, 3)
+    results = await asyncio.gather(*(engine.generate(p, GREEDY) for p in batch), return_exceptions=True)
+    assert all(isinstance(r, EngineError) and "out of memory" in str(r) for r in results)
+    monkeypatch.setattr(runner, "prefill", real_prefill)
+    assert (await engine.generate(batch[0], GREEDY)).token_ids

@@ -124,8 +124,10 @@ async def test_lease_filters_by_mode(store: Store) -> None:
     val = await enqueue(store, 2, mode=RolloutMode.val)
     got = await store.lease_rollouts("r", max_rollouts=10, mode=RolloutMode.val)
     assert [lr.rollout.rollout_id for lr in got] == val
-    got = await store.lease_rollouts("r", max_rollouts=10, mode=RolloutMode.val)
+    got = await store.lease_rollouts("r", max_rollouts=10, mode="val")  # type: ignore[arg-type]
     assert got == []
+    with pytest.raises(InvalidRequestError):
+        await store.lease_rollouts("r", mode="test")  # type: ignore[arg-type]
     got = await store.lease_rollouts("r", max_rollouts=10)
     assert [lr.rollout.rollout_id for lr in got] == train
 

@@ -78,7 +78,7 @@ def test_no_server_errors(live_server: BackgroundServer, mode: schemathesis.Gene
             continue  # nothing to make invalid
 
         @given(case=operation.as_strategy(generation_mode=mode))
-        @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+        @settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         def check(case: schemathesis.Case) -> None:
             _shorten_waits(case)
             case.call_and_validate(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -77,3 +81,47 @@ async def test_a_given_store_stays_open_after_the_server_stops() -> None:
 def test_bad_app_arguments(kwargs: dict[str, object]) -> None:
     with pytest.raises(ValueError):
         create_store_app(MemoryStore(), **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js to run the dashboard's script")
+async def test_dashboard_script_renders_the_store(server: BackgroundServer, tmp_path: Path) -> None:
+    async with httpx.AsyncClient(base_url=server.url, headers=AUTH) as http:
+        await http.post(
+            "/store/rollouts/enqueue", json={"specs": [{"rollout_id": f"d{i}"} for i in range(3)]}
+        )
+        leased = (await http.post("/store/rollouts/lease", json={"runner_id": "w"})).json()
+        await http.post(
+            f"/store/attempts/{leased[0]['attempt']['attempt_id']}/finish",
+            json={"status": "succeeded", "reward": 0.5},
+        )
+        await http.post("/store/resources", json={"resources": {"model": "tiny"}})
+    page = httpx.get(server.url + "/dashboard").text
+    script = tmp_path / "dashboard.js"
+    script.write_text(re.search(r"<script>(.*)</script>", page, re.S).group(1))  # type: ignore[union-attr]
+
+    def render(fragment: str) -> dict[str, object]:
+        shim = str(Path(__file__).with_name("dashboard_dom.js"))
+        url = f"{server.url}/dashboard{fragment}"
+        done = subprocess.run(["node", shim, str(script), url], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+    shown = render(f"#token={TOKEN}")
+    assert shown["error"] == ""
+    assert shown["rollout-cards"] == [
+        ["2", "queued"],
+        ["0", "running"],
+        ["1", "succeeded"],
+        ["0", "failed"],
+        ["0", "cancelled"],
+    ]
+    assert shown["latest"] == "0"
+    assert shown["latest-resources"] == '{"model":"tiny"}'
+    recent = shown["recent"]
+    assert isinstance(recent, list)
+    assert [row[0] for row in recent] == ["d2", "d1", "d0"]  # newest first
+    assert recent[2][5] == "0.500"  # the reward column
+
+    refused = render("#token=wrong")
+    assert "refused the token" in str(refused["error"])
+    assert refused["login_display"] == "block"

@@ -114,5 +114,6 @@ def test_serve_uses_the_token_from_the_environment(tmp_path: Path) -> None:
             served.url + "/store/counters", headers={"Authorization": "Bearer env-token-123"}
         ).is_success
         assert not (tmp_path / "store.token").exists()  # nothing to write: the secret came from outside
+        assert "token:     $REINFORGE_STORE_TOKEN" in served.log.read_text()
     finally:
         served.terminate()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
+from pathlib import Path
 
 import pytest
 
@@ -174,3 +175,36 @@ def _token() -> str:
     from .conftest import TOKEN
 
     return TOKEN
+
+
+async def test_calls_ride_over_a_server_restart(tmp_path: Path) -> None:
+    from reinforge.serving import BackgroundServer
+    from reinforge.store.server import create_store_app
+    from reinforge.store.sql import SqlStore
+
+    async def open_backend() -> Store:
+        return await SqlStore.open(f"sqlite:///{tmp_path / 'store.db'}")
+
+    token = _token()
+    first = BackgroundServer(create_store_app(open_backend, token)).start()
+    port = first.port
+    client = HttpStoreClient(first.url, token, connect_retries=8)
+    await client.enqueue_rollouts([RolloutSpec(rollout_id="before")])
+    await asyncio.to_thread(first.stop)  # the pooled keep-alive connection is now dead
+
+    async def restart_later() -> BackgroundServer:
+        await asyncio.sleep(0.5)
+        return await asyncio.to_thread(
+            BackgroundServer(create_store_app(open_backend, token), port=port).start
+        )
+
+    restarting = asyncio.create_task(restart_later())
+    # Refused while down, then a broken keep-alive connection: both are re-sent, nothing is lost.
+    assert await client.add_spans([_span("before", "a1", 0)]) == 1
+    second = await restarting
+    try:
+        assert (await client.get_rollout("before")).rollout_id == "before"
+        assert (await client.counters()).spans == 1
+    finally:
+        await client.close()
+        await asyncio.to_thread(second.stop)

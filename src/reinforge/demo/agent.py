@@ -8,11 +8,13 @@ status: an Automatic Intermediate Reward signal for the LLM call that asked for 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import weakref
 from typing import Any
 
-from openai import AsyncOpenAI
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
 from reinforge.demo.calculator import CALCULATOR_TOOL, CalculatorError, call_calculator
 from reinforge.demo.traces import tool_result_message
@@ -23,6 +25,23 @@ MAX_TURNS = 4
 TOOL_ERROR_TEXT = "error: calculator takes exactly 'a op b'"
 """What the model sees after a refused call: the same text as in its warm-start data."""
 _ANSWER = re.compile(r"ANSWER:\s*(-?\d+)")
+_HTTP_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DefaultAsyncHttpxClient] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def shared_http_client() -> DefaultAsyncHttpxClient:
+    """One connection pool per event loop, shared by every rollout's OpenAI client.
+
+    Building an HTTP client builds an SSL context (tens of milliseconds of CPU), more than a whole
+    LLM call of the tiny model costs; with one client per rollout it dominated the demo's steps.
+    """
+    loop = asyncio.get_running_loop()
+    client = _HTTP_CLIENTS.get(loop)
+    if client is None or client.is_closed:
+        client = DefaultAsyncHttpxClient()
+        _HTTP_CLIENTS[loop] = client
+    return client
 
 
 def sampling_from(llm: LLM) -> dict[str, Any]:
@@ -60,37 +79,41 @@ def run_tool(name: str, arguments: str) -> str:
 async def calc_agent(task: dict[str, Any], llm: LLM) -> float:
     """Solve `task["question"]` with the calculator; reward 1.0 for the exact `task["answer"]`."""
     sampling = sampling_from(llm)
-    client = AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=1, timeout=120.0)
+    # The client is cheap on a shared connection pool, and is not closed: closing it would close the pool.
+    client = AsyncOpenAI(
+        base_url=llm.base_url,
+        api_key=llm.api_key,
+        max_retries=1,
+        timeout=120.0,
+        http_client=shared_http_client(),
+    )
     messages: list[dict[str, Any]] = [{"role": "user", "content": str(task["question"])}]
-    try:
-        for _ in range(MAX_TURNS):
-            response = await client.chat.completions.create(
-                model=llm.model,
-                messages=messages,  # type: ignore[arg-type]
-                tools=[CALCULATOR_TOOL],  # type: ignore[list-item]
-                temperature=float(sampling.get("temperature", 1.0)),
-                max_tokens=int(sampling.get("max_tokens", 64)),
-            )
-            message = response.choices[0].message
-            calls = [c for c in message.tool_calls or [] if c.type == "function"]
-            if not calls:
-                return 1.0 if parse_answer(message.content) == int(task["answer"]) else 0.0
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": message.content,
-                    "tool_calls": [
-                        {
-                            "id": c.id,
-                            "type": "function",
-                            "function": {"name": c.function.name, "arguments": compact(c.function.arguments)},
-                        }
-                        for c in calls
-                    ],
-                }
-            )
-            for c in calls:
-                messages.append(tool_result_message(c.id, run_tool(c.function.name, c.function.arguments)))
-        return 0.0
-    finally:
-        await client.close()
+    for _ in range(MAX_TURNS):
+        response = await client.chat.completions.create(
+            model=llm.model,
+            messages=messages,  # type: ignore[arg-type]
+            tools=[CALCULATOR_TOOL],  # type: ignore[list-item]
+            temperature=float(sampling.get("temperature", 1.0)),
+            max_tokens=int(sampling.get("max_tokens", 64)),
+        )
+        message = response.choices[0].message
+        calls = [c for c in message.tool_calls or [] if c.type == "function"]
+        if not calls:
+            return 1.0 if parse_answer(message.content) == int(task["answer"]) else 0.0
+        messages.append(
+            {
+                "role": "assistant",
+                "content": message.content,
+                "tool_calls": [
+                    {
+                        "id": c.id,
+                        "type": "function",
+                        "function": {"name": c.function.name, "arguments": compact(c.function.arguments)},
+                    }
+                    for c in calls
+                ],
+            }
+        )
+        for c in calls:
+            messages.append(tool_result_message(c.id, run_tool(c.function.name, c.function.arguments)))
+    return 0.0

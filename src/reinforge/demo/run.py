@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Literal
 
 import torch
+import transformers
 from pydantic import BaseModel, ConfigDict, Field
 from rich.console import Console
 
@@ -86,6 +87,7 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
     settings = settings or DemoSettings()
     console = console or Console()
     torch.set_num_threads(1)  # one thread per process: two stalled badly on a shared 2-core machine
+    transformers.utils.logging.disable_progress_bar()  # keep the demo's output to what it reports
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     warm = prepare_warm_start(settings, console)
     model, tokenizer = load_warm_start(warm)

@@ -7,7 +7,9 @@ and reads results. Each loop iteration:
 2. applies a pending weight update once the running batch has drained: while an update waits, no new
    request starts, so a response is always produced by exactly one policy version;
 3. admits waiting requests (FIFO) while the batch has free slots and the token budget allows, and
-   prefills them in right-padded batches grouped by length;
+   prefills them in right-padded batches grouped by length; a prompt that starts with tokens a running
+   sequence already holds in its cache (rollouts of one task, a conversation going on) copies that KV
+   and computes only its new tokens;
 4. runs ONE decode forward for every running sequence and samples the next token of each;
 5. hands each request its new tokens (one callback per event loop per iteration).
 """
@@ -29,7 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from reinforge.engine.detokenizer import IncrementalDetokenizer, find_stop
 from reinforge.engine.errors import EngineError, EngineStoppedError
-from reinforge.engine.runner import ModelRunner, make_runner
+from reinforge.engine.runner import ModelRunner, SlotCacheRunner, make_runner
 from reinforge.engine.sampling import RowParams, sample
 from reinforge.engine.weights import WeightsSource, apply_state_dict, check_state_dict, read_state_dict
 from reinforge.errors import InvalidRequestError
@@ -151,6 +153,7 @@ class Engine:
         self._updates: collections.deque[_Update] = collections.deque()
         self._waiting: collections.deque[_Sequence] = collections.deque()
         self._running: list[_Sequence] = []
+        self._admitting: list[_Sequence] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._steps = 0
@@ -166,7 +169,8 @@ class Engine:
 
     @property
     def uses_fast_path(self) -> bool:
-        return type(self._runner).__name__ == "SlotCacheRunner"
+        """True when the model runs on the slot-cache fast path (Llama-family architectures)."""
+        return isinstance(self._runner, SlotCacheRunner)
 
     def stats(self) -> dict[str, int]:
         """Counts for monitoring and tests: running sequences, waiting requests, decode steps."""
@@ -345,7 +349,10 @@ class Engine:
                 logger.exception("engine iteration failed")
                 error = EngineError(f"the engine failed while generating: {exc!r}")
                 with self._cond:
-                    failed = [*self._running, *self._waiting]
+                    failed = list(
+                        {id(s): s for s in (*self._admitting, *self._running, *self._waiting)}.values()
+                    )
+                    self._admitting.clear()
                     self._running.clear()
                     self._waiting.clear()
                 self._deliver([(s, ("error", error)) for s in failed])
@@ -392,6 +399,7 @@ class Engine:
                 break
             chosen.append(self._waiting.popleft())
             budget -= head.reserved
+        self._admitting = chosen  # if a forward fails, these fail too instead of hanging
         leaders, followers = self._match_prefixes(sorted(chosen, key=lambda s: len(s.prompt)))
         sampled: list[tuple[list[_Sequence], list[int], list[float]]] = []
         for group in self._prefill_groups(leaders, lambda s: len(s.prompt)):
@@ -415,6 +423,7 @@ class Engine:
         # Accept only now: accepting may finish sequences and repack slots, which donors must not see.
         for group, tokens, logprobs in sampled:
             self._accept(group, tokens, logprobs, events)
+        self._admitting = []
 
     def _match_prefixes(
         self, chosen: list[_Sequence]

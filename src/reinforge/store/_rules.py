@@ -34,8 +34,13 @@ RECHECK_SECONDS = 1.0
 
 
 def check_lease_args(
-    runner_id: str, max_rollouts: int, lease_seconds: float, wait_seconds: float, mode: RolloutMode | None
-) -> None:
+    runner_id: str,
+    max_rollouts: int,
+    lease_seconds: float,
+    wait_seconds: float,
+    mode: RolloutMode | str | None,
+) -> RolloutMode | None:
+    """Refuse bad lease arguments; returns the mode as a RolloutMode (a plain "val" is accepted)."""
     if not isinstance(runner_id, str) or not runner_id or len(runner_id) > 256 or "\x00" in runner_id:
         raise InvalidRequestError(
             "runner_id must be a non-empty string of at most 256 characters, without NUL"
@@ -44,8 +49,14 @@ def check_lease_args(
         raise InvalidRequestError(f"max_rollouts must be between 1 and {MAX_LEASE_BATCH}, got {max_rollouts}")
     check_lease_seconds(lease_seconds)
     check_wait_seconds(wait_seconds)
-    if mode is not None and not isinstance(mode, RolloutMode):
-        raise InvalidRequestError(f"mode must be one of {[m.value for m in RolloutMode]}, got {mode!r}")
+    if mode is None:
+        return None
+    try:
+        return RolloutMode(mode)
+    except ValueError:
+        raise InvalidRequestError(
+            f"mode must be one of {[m.value for m in RolloutMode]}, got {mode!r}"
+        ) from None
 
 
 def check_lease_seconds(lease_seconds: float) -> None:

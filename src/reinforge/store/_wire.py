@@ -20,7 +20,6 @@ MAX_BATCH = 100_000
 """The most rollouts, spans or ids one call may carry (the body-size limit usually bites first)."""
 
 
-
 class _Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -96,7 +96,9 @@ class Store(Protocol):
         """Block until every listed rollout is final or the timeout passes; returns the final ones."""
         ...
 
-    async def put_resources(self, resources: dict[str, object], version: int | None = None) -> ResourcesVersion:
+    async def put_resources(
+        self, resources: dict[str, object], version: int | None = None
+    ) -> ResourcesVersion:
         """Store a new resources version (next number when `version` is None). Re-putting a version
         with identical content is a no-op; with other content it raises ConflictError."""
         ...

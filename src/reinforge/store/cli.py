@@ -19,9 +19,11 @@ import typer
 import uvicorn
 from rich.console import Console
 from rich.table import Table
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 from reinforge.errors import ReinforgeError
-from reinforge.store.auth import load_or_create_token, resolve_client_token, token_path
+from reinforge.store.auth import TOKEN_ENV, load_or_create_token, resolve_client_token, token_path
 from reinforge.store.base import Store
 from reinforge.store.server import DEFAULT_MAX_BODY_BYTES, create_store_app
 from reinforge.types import AttemptStatus, RolloutStatus, StoreCounters
@@ -35,6 +37,14 @@ store_app = typer.Typer(no_args_is_help=True, help="Serve the store of a run, or
 def default_db_url(run_dir: Path) -> str:
     """SQLite in the run folder: the embedded default, durable across server restarts."""
     return f"sqlite:///{(run_dir / 'store.db').resolve()}"
+
+
+def _without_password(db_url: str) -> str:
+    """The database URL as it may be printed (a PostgreSQL password stays out of logs)."""
+    try:
+        return make_url(db_url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return db_url
 
 
 def _run(coro_factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
@@ -69,8 +79,11 @@ def serve(
     run_dir: Annotated[Path, typer.Option("--run-dir", help="Run folder: token, URL file and default DB.")],
     db: Annotated[
         str | None,
-        typer.Option("--db", help="Store URL: sqlite:///path.db, postgresql://..., memory://. "
-                     "Default: sqlite in the run folder."),
+        typer.Option(
+            "--db",
+            help="Store URL: sqlite:///path.db, postgresql://..., memory://. "
+            "Default: sqlite in the run folder.",
+        ),
     ] = None,
     host: Annotated[str, typer.Option("--host", help="Interface; 0.0.0.0 exposes the store.")] = "127.0.0.1",
     port: Annotated[int, typer.Option("--port", help="0: any free port.", min=0, max=65535)] = DEFAULT_PORT,
@@ -116,14 +129,16 @@ def serve(
             tmp = url_file.with_suffix(".tmp")
             tmp.write_text(url + "\n", encoding="utf-8")
             os.replace(tmp, url_file)
-            typer.echo(f"reinforge store serving {db_url} on {url}")
-            typer.echo(f"  token:     {token_path(run_dir)} (or $REINFORGE_STORE_TOKEN)")
-            typer.echo(f"  dashboard: {url}/dashboard#token={token}", err=False)
+            token_source = f"${TOKEN_ENV}" if os.environ.get(TOKEN_ENV, "").strip() else token_path(run_dir)
+            typer.echo(f"reinforge store serving {_without_password(db_url)} on {url}")
+            typer.echo(f"  token:     {token_source}")
+            typer.echo(f"  dashboard: {url}/dashboard#token={token}")
         await serving
 
     _run(main)
     if not server.started:
-        typer.echo(f"error: the store server did not start (database {db_url}); see the log above", err=True)
+        shown = _without_password(db_url)
+        typer.echo(f"error: the store server did not start (database {shown}); see the log above", err=True)
         raise typer.Exit(1)
 
 
@@ -147,8 +162,11 @@ def _counters_table(counters: StoreCounters) -> Table:
 def status(
     store_url: Annotated[
         str | None,
-        typer.Option("--store", help="http(s)://host:port of a store server, or a database URL. "
-                     "Default: the URL in <run-dir>/store.url."),
+        typer.Option(
+            "--store",
+            help="http(s)://host:port of a store server, or a database URL. "
+            "Default: the URL in <run-dir>/store.url.",
+        ),
     ] = None,
     token: Annotated[
         str | None, typer.Option("--token", help="Default: $REINFORGE_STORE_TOKEN, the run dir's.")

@@ -103,9 +103,10 @@ def error_from_response(response: httpx.Response) -> errors.ReinforgeError:
 class HttpStoreClient:
     """A `reinforge.store.base.Store` that talks to `reinforge store serve` (or `create_store_app`).
 
-    `token` defaults to `$REINFORGE_STORE_TOKEN`. `connect_retries` re-sends a call whose connection
-    could not be opened (the request never reached the server, so any call is safe to repeat), which
-    rides over a store server restart.
+    `token` defaults to `$REINFORGE_STORE_TOKEN`. Up to `connect_retries` times (with back-off) it
+    re-sends a call whose connection could not be opened, and a call that is safe to apply twice
+    (reads, waits, heartbeats, span batches) whose connection broke; this rides over a store server
+    restart. Other failures raise `StoreUnavailableError`.
     """
 
     def __init__(
@@ -151,6 +152,7 @@ class HttpStoreClient:
         body: BaseModel | None = None,
         *,
         wait_seconds: float = 0.0,
+        idempotent: bool = False,
     ) -> _T:
         try:
             content = body.__pydantic_serializer__.to_json(body) if body is not None else None
@@ -159,20 +161,24 @@ class HttpStoreClient:
             raise errors.InvalidRequestError(f"{what} holds a value that is not JSON: {exc}") from exc
         # A long-poll may legitimately take `wait_seconds`; the read timeout must outlast it.
         timeout = httpx.Timeout(self._timeout + wait_seconds, connect=10.0)
-        for attempt in range(self._connect_retries + 1):
+        attempt = 0
+        while True:
             try:
                 response = await self._http.request(method, path, content=content, timeout=timeout)
                 break
-            except httpx.ConnectError as exc:
-                if attempt >= self._connect_retries:
+            except httpx.TransportError as exc:
+                # A refused connection never reached the server, so any call may be re-sent; a call
+                # cut off later may have been applied, so only calls that are safe twice are re-sent.
+                retry = isinstance(exc, httpx.ConnectError) or (
+                    idempotent and not isinstance(exc, httpx.TimeoutException)
+                )
+                if not retry or attempt >= self._connect_retries:
+                    problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
                     raise errors.StoreUnavailableError(
-                        f"cannot reach the store at {self.base_url}: {exc}"
+                        f"the store at {self.base_url} did not answer {method} {path} ({problem})"
                     ) from exc
                 await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
-            except httpx.TransportError as exc:
-                raise errors.StoreUnavailableError(
-                    f"the store at {self.base_url} did not answer {method} {path}: {type(exc).__name__} {exc}"
-                ) from exc
+                attempt += 1
         if response.status_code >= 400:
             raise error_from_response(response)
         return adapter.validate_json(response.content)
@@ -217,7 +223,8 @@ class HttpStoreClient:
 
     async def heartbeat(self, attempt_id: str, lease_seconds: float = 60.0) -> Attempt:
         body = self._request(HeartbeatRequest, lease_seconds=lease_seconds)
-        return await self._call("POST", f"/store/attempts/{_segment(attempt_id)}/heartbeat", _ATTEMPT, body)
+        path = f"/store/attempts/{_segment(attempt_id)}/heartbeat"
+        return await self._call("POST", path, _ATTEMPT, body, idempotent=True)
 
     async def finish_attempt(self, attempt_id: str, outcome: AttemptOutcome) -> Rollout:
         if outcome.reward is not None and not math.isfinite(outcome.reward):
@@ -238,23 +245,23 @@ class HttpStoreClient:
         if not spans:
             return 0
         body = AddSpansRequest.model_construct(spans=list(spans))  # already validated Span objects
-        result = await self._call("POST", "/store/spans", _ADDED, body)
+        result = await self._call("POST", "/store/spans", _ADDED, body, idempotent=True)
         return result.added
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        return await self._call("GET", f"/store/rollouts/{_segment(rollout_id)}", _ROLLOUT)
+        return await self._call("GET", f"/store/rollouts/{_segment(rollout_id)}", _ROLLOUT, idempotent=True)
 
     async def get_attempt(self, attempt_id: str) -> Attempt:
-        return await self._call("GET", f"/store/attempts/{_segment(attempt_id)}", _ATTEMPT)
+        return await self._call("GET", f"/store/attempts/{_segment(attempt_id)}", _ATTEMPT, idempotent=True)
 
     async def query_rollouts(self, query: RolloutQuery) -> Page[Rollout]:
-        return await self._call("POST", "/store/rollouts/query", _ROLLOUT_PAGE, query)
+        return await self._call("POST", "/store/rollouts/query", _ROLLOUT_PAGE, query, idempotent=True)
 
     async def query_attempts(self, query: AttemptQuery) -> Page[Attempt]:
-        return await self._call("POST", "/store/attempts/query", _ATTEMPT_PAGE, query)
+        return await self._call("POST", "/store/attempts/query", _ATTEMPT_PAGE, query, idempotent=True)
 
     async def query_spans(self, query: SpanQuery) -> Page[Span]:
-        return await self._call("POST", "/store/spans/query", _SPAN_PAGE, query)
+        return await self._call("POST", "/store/spans/query", _SPAN_PAGE, query, idempotent=True)
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
         ids = list(dict.fromkeys(rollout_ids))
@@ -270,7 +277,7 @@ class HttpStoreClient:
                 pending = [i for i in chunk if i not in final]
                 body = self._request(WaitRequest, rollout_ids=pending, timeout_seconds=this_wait)
                 for rollout in await self._call(
-                    "POST", "/store/rollouts/wait", _ROLLOUTS, body, wait_seconds=this_wait
+                    "POST", "/store/rollouts/wait", _ROLLOUTS, body, wait_seconds=this_wait, idempotent=True
                 ):
                     final[rollout.rollout_id] = rollout
                 if all(i in final for i in chunk) or remaining <= this_wait:
@@ -285,10 +292,10 @@ class HttpStoreClient:
 
     async def get_resources(self, version: int | None = None) -> ResourcesVersion:
         path = "/store/resources/latest" if version is None else f"/store/resources/{int(version)}"
-        return await self._call("GET", path, _RESOURCES)
+        return await self._call("GET", path, _RESOURCES, idempotent=True)
 
     async def counters(self) -> StoreCounters:
-        return await self._call("GET", "/store/counters", _COUNTERS)
+        return await self._call("GET", "/store/counters", _COUNTERS, idempotent=True)
 
     async def health(self) -> bool:
         """True when the server answers its health probe."""

@@ -124,7 +124,7 @@ class MemoryStore:
         wait_seconds: float = 0.0,
         mode: RolloutMode | None = None,
     ) -> list[LeasedRollout]:
-        _rules.check_lease_args(runner_id, max_rollouts, lease_seconds, wait_seconds, mode)
+        mode = _rules.check_lease_args(runner_id, max_rollouts, lease_seconds, wait_seconds, mode)
         deadline = time.monotonic() + wait_seconds
         with self._queued.watch() as watch:
             while True:
