@@ -113,7 +113,7 @@ def main(config_path: str, out_path: str) -> None:
     rewards: list[float] = []
     budget = float(config["seconds"])
 
-    class Clock(TrainerCallback):  # type: ignore[misc]
+    class Clock(TrainerCallback):
         """Timestamps each optimiser step and stops training once the wall budget is spent."""
 
         t0 = 0.0
@@ -138,6 +138,18 @@ def main(config_path: str, out_path: str) -> None:
         processing_class=tokenizer,
         callbacks=[Clock()],
     )
+    # Time generation (HF generate inside GRPOTrainer) to show where a step's time goes.
+    generate_s = [0.0]
+    generate = trainer._generate_single_turn
+
+    def timed_generate(*a: Any, **k: Any) -> Any:
+        t0 = time.monotonic()
+        try:
+            return generate(*a, **k)
+        finally:
+            generate_s[0] += time.monotonic() - t0
+
+    trainer._generate_single_turn = timed_generate
     setup_s = time.monotonic() - started
     trainer.train()
     final_dir = Path(config["work_dir"]) / "trl-final"
@@ -151,6 +163,7 @@ def main(config_path: str, out_path: str) -> None:
         "step_ends_s": step_ends,
         "rewards": rewards,
         "final_model_dir": str(final_dir),
+        "generate_s": generate_s[0],
     }
     Path(out_path).write_text(json.dumps(result) + "\n", encoding="utf-8")
 

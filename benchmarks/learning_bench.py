@@ -19,7 +19,7 @@ the normalisation under which per-call training used to collapse, for comparison
 The last line is `RESULT percall_after=<x> merged_after=<y>`: held-out sampled success after
 training, for the equal+air credit the demo uses.
 
-    .venv/bin/python benchmarks/learning_bench.py              # 30 steps per run, 200 held-out tasks
+    .venv/bin/python benchmarks/learning_bench.py              # 20 steps per run, 200 held-out tasks
     .venv/bin/python benchmarks/learning_bench.py --quick      # 2 steps of 8 tasks x 4, smoke run
 """
 
@@ -36,7 +36,7 @@ import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
@@ -48,13 +48,15 @@ from reinforge.algorithms import (
     loss_scales,
     policy_loss,
 )
+from reinforge.algorithms.config import LossAggregation
 from reinforge.credit import CreditConfig
+from reinforge.credit.config import CreditSource
 from reinforge.demo.agent import calc_agent
 from reinforge.demo.run import DemoSettings
 from reinforge.demo.tasks import train_tasks, val_tasks
 from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build_warm_start, load_warm_start
 from reinforge.store.factory import open_store
-from reinforge.training import SftConfig, Trainer, TrainerConfig
+from reinforge.training import Trainer, TrainerConfig
 from reinforge.training.rollouts import collect_transitions
 from reinforge.types import MAX_PAGE_SIZE, RolloutMode, RolloutQuery
 
@@ -67,10 +69,10 @@ class Variant:
     """One way of training: how spans become transitions, and how the loss is normalised."""
 
     name: str
-    mode: str
-    assignment: tuple[str, ...]
-    loss_agg: str = "token-mean"
-    seq_unit: str = "rollout"
+    mode: Literal["per_call", "merged"]
+    assignment: tuple[CreditSource, ...]
+    loss_agg: LossAggregation = "token-mean"
+    seq_unit: Literal["rollout", "transition"] = "rollout"
 
 
 VARIANTS = (
@@ -221,7 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-GRADIENT_CASES = (
+GRADIENT_CASES: tuple[
+    tuple[str, Literal["per_call", "merged"], LossAggregation, Literal["rollout", "transition"]], ...
+] = (
     ("merged, token-mean", "merged", "token-mean", "rollout"),
     ("per_call, token-mean", "per_call", "token-mean", "rollout"),
     ("per_call, seq-mean-token-mean per rollout", "per_call", "seq-mean-token-mean", "rollout"),
@@ -247,8 +251,8 @@ async def _gradient_check(run_dir: Path, warm: Path, group_size: int) -> list[st
         page = await store.query_rollouts(RolloutQuery(mode=RolloutMode.train, limit=MAX_PAGE_SIZE))
         first = [r for r in page.items if "-s1-" in r.rollout_id]
         built = {
-            mode: (await collect_transitions(store, first, CreditConfig(mode=mode)))[0]
-            for mode in ("per_call", "merged")
+            "per_call": (await collect_transitions(store, first, CreditConfig(mode="per_call")))[0],
+            "merged": (await collect_transitions(store, first, CreditConfig(mode="merged")))[0],
         }
     finally:
         await store.close()
@@ -257,7 +261,7 @@ async def _gradient_check(run_dir: Path, warm: Path, group_size: int) -> list[st
     grads: dict[str, torch.Tensor] = {}
     lines = []
     for label, mode, loss_agg, seq_unit in GRADIENT_CASES:
-        algorithm = GRPO(group_size=group_size, loss_agg=loss_agg, seq_unit=seq_unit)  # type: ignore[arg-type]
+        algorithm = GRPO(group_size=group_size, loss_agg=loss_agg, seq_unit=seq_unit)
         transitions = [t.model_copy(deep=True) for t in built[mode] if any(t.response_mask)]
         compute_advantages(transitions, algorithm)
         scales = loss_scales(transitions, algorithm)
@@ -298,7 +302,7 @@ def _one_thread() -> None:
 def main() -> None:
     demo = DemoSettings()
     args = build_parser().parse_args()
-    args.steps = args.steps if args.steps is not None else (2 if args.quick else 30)
+    args.steps = args.steps if args.steps is not None else (2 if args.quick else 20)
     args.tasks_per_step = args.tasks_per_step or (8 if args.quick else demo.tasks_per_step)
     args.group_size = args.group_size or (4 if args.quick else demo.group_size)
     args.val_size = args.val_size or (32 if args.quick else demo.val_size)

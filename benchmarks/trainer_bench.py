@@ -38,14 +38,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _trl_side import first_tool_expression  # noqa: E402
-from openai import AsyncOpenAI  # noqa: E402
+from openai import AsyncOpenAI, DefaultAsyncHttpxClient  # noqa: E402
 from transformers import PreTrainedModel, PreTrainedTokenizerBase  # noqa: E402
 
 from reinforge import semconv  # noqa: E402
@@ -60,7 +59,7 @@ from reinforge.engine.engine import Engine  # noqa: E402
 from reinforge.gateway.backend import SamplingParams  # noqa: E402
 from reinforge.runner import LLM, agent  # noqa: E402
 from reinforge.store.factory import open_store  # noqa: E402
-from reinforge.training import Policy, SftConfig, Trainer, TrainerConfig  # noqa: E402
+from reinforge.training import Policy, Trainer, TrainerConfig  # noqa: E402
 from reinforge.types import SpanQuery, Transition  # noqa: E402
 
 TRL_PYTHON = ROOT / ".bench" / "trl-venv" / "bin" / "python"
@@ -78,10 +77,10 @@ def expression_of(arguments: str) -> str | None:
     return str(parsed["expression"]).replace(" ", "")
 
 
-_HTTP: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+_HTTP: dict[asyncio.AbstractEventLoop, DefaultAsyncHttpxClient] = {}
 
 
-def shared_http() -> httpx.AsyncClient:
+def shared_http() -> DefaultAsyncHttpxClient:
     """One HTTP client per event loop, shared by every rollout's OpenAI client.
 
     A fresh `AsyncOpenAI` builds its own httpx client and with it a new SSL context (loading the CA
@@ -90,7 +89,7 @@ def shared_http() -> httpx.AsyncClient:
     """
     loop = asyncio.get_running_loop()
     if loop not in _HTTP:
-        _HTTP[loop] = httpx.AsyncClient(timeout=120.0, limits=httpx.Limits(max_connections=256))
+        _HTTP[loop] = DefaultAsyncHttpxClient(timeout=120.0)
     return _HTTP[loop]
 
 
@@ -279,6 +278,7 @@ async def _core(
     prompts = {}
     rewards: list[float] = []
     version, started = 0, time.monotonic()
+    gen_s = update_s = 0.0
     try:
         while time.monotonic() - started < args.seconds:
             picked = [
@@ -290,12 +290,14 @@ async def _core(
                     text = prompt_text(tokenizer, task["question"])
                     prompts[task["task_id"]] = list(tokenizer(text, add_special_tokens=False)["input_ids"])
             jobs = [(n, g, task) for n, task in enumerate(picked) for g in range(args.group_size)]
+            t0 = time.monotonic()
             outs = await asyncio.gather(
                 *(engine.generate(prompts[t["task_id"]], sampling) for _, _, t in jobs)
             )
+            gen_s += time.monotonic() - t0
             transitions = []
             for (n, g, task), out in zip(jobs, outs, strict=True):
-                text = tokenizer.decode(out.token_ids, skip_special_tokens=False)
+                text = str(tokenizer.decode(out.token_ids, skip_special_tokens=False))
                 reward = 1.0 if first_tool_expression(text) == task["expected"] else 0.0
                 transitions.append(
                     Transition(
@@ -313,10 +315,19 @@ async def _core(
                 )
             rewards.append(sum(t.reward for t in transitions) / len(transitions))
             compute_advantages(transitions, algorithm)
+            t0 = time.monotonic()
             await asyncio.to_thread(policy.update, transitions)
+            update_s += time.monotonic() - t0
             version += 1
             await engine.load_weights(policy.engine_state(), version)
-        return {"steps": version, "seconds": time.monotonic() - started, "rewards": rewards, "model": model}
+        return {
+            "steps": version,
+            "seconds": time.monotonic() - started,
+            "rewards": rewards,
+            "model": model,
+            "generate_s": gen_s,
+            "update_s": update_s,
+        }
     finally:
         engine.stop()
 
@@ -338,7 +349,7 @@ async def _evaluate(
             sampling = SamplingParams(temperature=temperature, max_tokens=max_tokens, stop_token_ids=stops)
             results = await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
             hits = [
-                first_tool_expression(tokenizer.decode(r.token_ids, skip_special_tokens=False))
+                first_tool_expression(str(tokenizer.decode(r.token_ids, skip_special_tokens=False)))
                 == t["expected"]
                 for r, t in zip(results, tasks, strict=True)
             ]
@@ -448,6 +459,7 @@ def main() -> None:
             evaluate(core["model"], tokenizer, held_out, args.max_tokens),
             core_load,
         )
+        print(f"  of which generation {core['generate_s']:.1f} s, policy updates {core['update_s']:.1f} s")
     if trl is None:
         print("TRL skipped (--skip-trl): no ratio")
         return
@@ -466,6 +478,8 @@ def main() -> None:
         evaluate(trl_model, tokenizer, held_out, args.max_tokens),
         trl_load,
     )
+    if "generate_s" in trl:
+        print(f"  of which generation {trl['generate_s']:.1f} s (HF generate), the rest the policy update")
     if core_rate is not None:
         print(f"core steps/s vs TRL: {core_rate / trl_rate:.2f}x")
         print(f"RESULT trainer_core_steps_per_s_ratio_vs_trl={core_rate / trl_rate:.2f}")

@@ -6,7 +6,13 @@ import asyncio
 from collections.abc import Callable
 
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 from reinforge.engine import Engine
 from reinforge.gateway.backend import SamplingParams
@@ -35,3 +41,32 @@ async def test_cpu_gpt2_greedy_equals_hf_generate(
             torch.arange(len(p) - 1, len(p) - 1 + len(out.token_ids)), out.token_ids
         ]
         assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)
+
+
+async def test_cpu_mistral_takes_the_fast_path_while_its_window_covers_the_context(
+    tokenizer: PreTrainedTokenizerFast, make_engine: Callable[..., Engine]
+) -> None:
+    config = MistralConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        sliding_window=128,
+        max_position_embeddings=1024,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = diversify(MistralForCausalLM(config).eval(), seed=6)
+    fast = make_engine(model, tokenizer, max_seq_len=128)
+    assert fast.uses_fast_path
+    # A context longer than the window needs the window applied: the exact recompute path does that.
+    assert not make_engine(model, tokenizer, max_seq_len=512).uses_fast_path
+    batch = prompts(tokenizer, 4)
+    outs = await asyncio.gather(
+        *(fast.generate(p, SamplingParams(temperature=0, max_tokens=10)) for p in batch)
+    )
+    for p, out in zip(batch, outs, strict=True):
+        assert out.token_ids == hf_greedy(model, p, 10, tokenizer.eos_token_id)

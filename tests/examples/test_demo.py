@@ -11,7 +11,14 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.demo.run import DemoSettings, run_demo
-from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build_warm_start, load_warm_start
+from reinforge.demo.traces import TraceMix
+from reinforge.demo.warm_start import (
+    SHIPPED_WARM_START,
+    SftPhase,
+    WarmStartConfig,
+    build_warm_start,
+    load_warm_start,
+)
 from reinforge.errors import InvalidRequestError
 from reinforge.models import CHAT_TEMPLATE
 from reinforge.training.sft import SftConfig
@@ -27,7 +34,10 @@ TINY = WarmStartConfig(
     num_layers=1,
     num_heads=2,
     intermediate_size=64,
-    sft=SftConfig(steps=4, batch_size=8, warmup_steps=1),
+    sft_phases=[
+        SftPhase(sft=SftConfig(steps=3, batch_size=8, warmup_steps=1)),
+        SftPhase(sft=SftConfig(steps=1, batch_size=8, seed=1), mix=TraceMix(left_to_right=0.0)),
+    ],
 )
 
 

@@ -345,3 +345,37 @@ async def test_heartbeats_keep_a_long_attempt_s_lease(stack: Stack) -> None:
     assert (stats.succeeded, stats.stopped) == (1, 0)
     (done,) = await wait_final(stack.store, rollouts)
     assert done.status == RolloutStatus.succeeded and done.attempt_count == 1
+
+
+async def test_a_long_attempt_s_spans_go_live_and_are_all_stored_before_the_finish(stack: Stack) -> None:
+    seen_live: list[str] = []
+
+    @reinforge.agent
+    async def slow(task: dict[str, Any], llm: LLM) -> float:
+        with reinforge.span("early", kind="tool"):
+            pass
+        await asyncio.sleep(1.2)  # past the buffer's hold time: spans from here go to the writer
+        with reinforge.span("late", kind="tool"):
+            pass
+        while not seen_live:  # the spans so far are in the store while the attempt still runs
+            await asyncio.sleep(0.02)
+        return 1.0
+
+    async def watch(rollout_id: str) -> None:
+        while not seen_live:
+            page = await stack.store.query_spans(SpanQuery(rollout_id=rollout_id))
+            seen_live.extend(s.name for s in page.items)
+            await asyncio.sleep(0.05)
+
+    rollouts = await enqueue(stack.store, {})
+    run = asyncio.create_task(
+        Runner(stack.store, slow, stack.gateway_url, GATEWAY_SECRET).run(max_rollouts=1)
+    )
+    await asyncio.wait_for(watch(rollouts[0].rollout_id), 10.0)
+    assert set(seen_live) <= {"early", "late"}  # visible while the attempt still runs
+    stats = await run
+    assert stats.succeeded == 1
+    (done,) = await wait_final(stack.store, rollouts)
+    assert done.status == RolloutStatus.succeeded and done.reward == 1.0
+    spans = (await stack.store.query_spans(SpanQuery(rollout_id=done.rollout_id))).items
+    assert sorted(s.name for s in spans) == sorted(["early", "late", semconv.SPAN_FINAL_REWARD])

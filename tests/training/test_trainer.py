@@ -121,3 +121,26 @@ def test_metrics_lines_are_json(tokenizer: Any, tmp_path: Path) -> None:
     ).fit(parity_agent, TRAIN)
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert all(isinstance(json.loads(line), dict) for line in lines)
+
+
+def test_lora_fit_trains_adapters_only(tokenizer: Any, tmp_path: Path) -> None:
+    from reinforge.training import LoraSettings
+
+    model = small_model(tokenizer)
+    start = {k: v.clone() for k, v in model.state_dict().items()}
+    lora = LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    trainer = Trainer(
+        model, tokenizer, algorithm=GRPO(group_size=4), config=config(tmp_path, max_steps=1, lora=lora)
+    )
+    result = trainer.fit(parity_agent, TRAIN)
+    assert result.policy_version == 1
+    _, state, _ = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))  # type: ignore[arg-type]
+    adapters = [k for k in state["model"] if "lora_" in k]
+    assert adapters and any(
+        not torch.equal(state["model"][k], torch.zeros_like(state["model"][k])) for k in adapters
+    )
+    # The frozen base weights did not move; only adapters trained.
+    base = {
+        k.replace("base_model.model.", "").replace(".base_layer", ""): v for k, v in state["model"].items()
+    }
+    assert all(torch.equal(base[k], v) for k, v in start.items() if k in base)

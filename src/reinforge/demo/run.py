@@ -32,7 +32,6 @@ class DemoSettings(BaseModel):
 
     run_dir: Path = Path("runs/demo")
     rebuild_warm_start: bool = False
-    warm_start_steps: int = Field(default=1200, ge=1)
     minutes: float = Field(default=5.0, gt=0)
     max_steps: int = Field(default=400, ge=0)
     tasks_per_step: int = Field(default=16, ge=1)
@@ -68,10 +67,10 @@ def prepare_warm_start(settings: DemoSettings, console: Console) -> Path:
     the copy shipped with reinforge."""
     cached = settings.run_dir / "warm_start"
     if settings.rebuild_warm_start:
-        console.print(f"building the warm start ({settings.warm_start_steps} SFT steps) into {cached} ...")
-        started = time.monotonic()
         recipe = WarmStartConfig(seed=settings.seed)
-        recipe.sft = recipe.sft.model_copy(update={"steps": settings.warm_start_steps})
+        steps = sum(phase.sft.steps for phase in recipe.sft_phases)
+        console.print(f"building the warm start ({steps} SFT steps) into {cached} ...")
+        started = time.monotonic()
         report = build_warm_start(cached, recipe)
         console.print(
             f"warm start built in {time.monotonic() - started:.0f}s: "

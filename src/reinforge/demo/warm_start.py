@@ -25,6 +25,16 @@ from reinforge.training.sft import SftConfig, SftReport, render_conversation, su
 SHIPPED_WARM_START = Path(__file__).parent / "assets" / "calc-warm-start"
 
 
+class SftPhase(BaseModel):
+    """One supervised phase: its optimiser settings and, optionally, its own trace mix."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    sft: SftConfig
+    mix: TraceMix | None = None
+    """None: the recipe's mix. A phase with its own mix trains on traces drawn with it (same tasks)."""
+
+
 class WarmStartConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -36,8 +46,21 @@ class WarmStartConfig(BaseModel):
     intermediate_size: int = 512
     seed: int = 0
     mix: TraceMix = Field(default_factory=TraceMix)
-    sft: SftConfig = Field(default_factory=lambda: SftConfig(steps=1200, batch_size=32, warmup_steps=30))
-    """The shipped checkpoint's recipe; copying operands from the question is what takes the steps."""
+    sft_phases: list[SftPhase] = Field(
+        default_factory=lambda: [
+            SftPhase(sft=SftConfig(steps=1200, batch_size=32, learning_rate=3e-3, warmup_steps=30, seed=0)),
+            SftPhase(sft=SftConfig(steps=900, batch_size=32, learning_rate=1e-3, warmup_steps=10, seed=1)),
+            # Without left-to-right traces for a while: they teach "result op c" as the second call on
+            # precedence conflicts, which drowned the right "a op result" there.
+            SftPhase(
+                sft=SftConfig(steps=450, batch_size=32, learning_rate=1e-3, warmup_steps=10, seed=2),
+                mix=TraceMix(left_to_right=0.0),
+            ),
+        ],
+        min_length=1,
+    )
+    """Supervised phases run in order, each with a fresh optimiser and schedule. Copying the right
+    operands into the calculator calls is what takes the steps."""
 
 
 def build_warm_start(
@@ -64,14 +87,23 @@ def build_warm_start(
     examples = [render_conversation(tokenizer, trace, tools) for trace in traces]
     pad_id = tokenizer.pad_token_id
     assert pad_id is not None
-    report = supervised_finetune(model, examples, config.sft, pad_id=pad_id, on_step=on_step)
+    reports = []
+    for i, phase in enumerate(config.sft_phases):
+        data = examples
+        if phase.mix is not None:
+            phase_traces = synthetic_traces(tasks, seed=config.seed + i, mix=phase.mix)
+            data = [render_conversation(tokenizer, trace, tools) for trace in phase_traces]
+        reports.append(supervised_finetune(model, data, phase.sft, pad_id=pad_id, on_step=on_step))
     out_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    (out_dir / "warm_start.json").write_text(
-        config.model_dump_json(indent=2) + "\n", encoding="utf-8"
+    (out_dir / "warm_start.json").write_text(config.model_dump_json(indent=2) + "\n", encoding="utf-8")
+    return SftReport(
+        steps=sum(r.steps for r in reports),
+        seconds=sum(r.seconds for r in reports),
+        first_loss=reports[0].first_loss,
+        last_loss=reports[-1].last_loss,
     )
-    return report
 
 
 def load_warm_start(path: Path | None = None) -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:

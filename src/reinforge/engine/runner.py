@@ -53,7 +53,7 @@ class ModelRunner(Protocol):
 
 def make_runner(model: torch.nn.Module, max_slots: int, max_seq_len: int) -> ModelRunner:
     """The fast runner when the architecture is supported, the exact recompute runner otherwise."""
-    if SlotCacheRunner.supports(model):
+    if SlotCacheRunner.supports(model, max_seq_len):
         return SlotCacheRunner(model, max_slots, max_seq_len)
     return RecomputeRunner(model)
 
@@ -83,16 +83,19 @@ class SlotCacheRunner:
     """The fast path: Llama-family layers over a packed slot KV cache (see the module docstring)."""
 
     @staticmethod
-    def supports(model: torch.nn.Module) -> bool:
-        config = getattr(model, "config", None)
+    def supports(model: torch.nn.Module, max_seq_len: int) -> bool:
+        config: Any = getattr(model, "config", None)
         if config is None or getattr(config, "model_type", None) not in FAST_MODEL_TYPES:
             return False
-        # A sliding window changes which keys a query sees; the fast path attends to the whole prefix.
-        if getattr(config, "use_sliding_window", False):
-            return False
+        # A sliding window changes which keys a query sees; the fast path attends to the whole prefix,
+        # which is the same thing as long as no sequence outgrows the window.
+        layer_types = getattr(config, "layer_types", None)
+        if layer_types is not None:
+            sliding = any(t != "full_attention" for t in layer_types)
+        else:
+            sliding = getattr(config, "sliding_window", None) is not None
         window = getattr(config, "sliding_window", None)
-        max_pos = int(getattr(config, "max_position_embeddings", 0) or 0)
-        return window is None or window >= max_pos
+        return not sliding or (window is not None and window >= max_seq_len)
 
     def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int) -> None:
         config: Any = model.config

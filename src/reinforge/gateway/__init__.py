@@ -5,7 +5,7 @@ app = create_gateway_app(store, backend, secret)      # serve it, or mount it be
 """
 
 from reinforge.gateway.app import create_gateway_app
-from reinforge.gateway.auth import attempt_token
+from reinforge.gateway.auth import attempt_token, finish_token
 from reinforge.gateway.backend import (
     Backend,
     GenerationRequest,
@@ -38,5 +38,6 @@ __all__ = [
     "UpstreamError",
     "attempt_token",
     "create_gateway_app",
+    "finish_token",
     "parse_tool_calls",
 ]

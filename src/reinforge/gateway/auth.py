@@ -10,6 +10,8 @@ import hashlib
 import hmac
 
 TOKEN_PREFIX = "rf-"
+FINISH_TOKEN_PREFIX = "rff-"
+_FINISH_KEY_LABEL = b"reinforge finish-token key v1"
 
 
 def attempt_token(secret: str, attempt_id: str) -> str:
@@ -18,6 +20,18 @@ def attempt_token(secret: str, attempt_id: str) -> str:
         raise ValueError("the gateway secret must not be empty")
     digest = hmac.new(secret.encode(), attempt_id.encode(), hashlib.sha256).hexdigest()
     return TOKEN_PREFIX + digest
+
+
+def finish_token(secret: str, attempt_id: str) -> str:
+    """The token that lets a runner finish `attempt_id` through the gateway (`POST .../finish`).
+
+    Signed under a key derived from the secret, so no attempt token (which the agent holds) is ever a
+    finish token: an agent can record rewards for its attempt but not end it.
+    """
+    if not secret:
+        raise ValueError("the gateway secret must not be empty")
+    key = hmac.new(secret.encode(), _FINISH_KEY_LABEL, hashlib.sha256).digest()
+    return FINISH_TOKEN_PREFIX + hmac.new(key, attempt_id.encode(), hashlib.sha256).hexdigest()
 
 
 def bearer_token(authorization: str | None) -> str | None:

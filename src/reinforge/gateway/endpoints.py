@@ -23,6 +23,7 @@ from reinforge.gateway.protocol import (
     ResponsesBody,
     chat_request,
     completion_request,
+    finish_body,
     parse_body,
     responses_request,
     reward_body,
@@ -503,6 +504,16 @@ class Endpoints:
         g.check_token(request, attempt_id)
         await g.recorder.flush(attempt_id)
         return _ok({"attempt_id": attempt_id, "flushed": True})
+
+    async def finish(self, request: Request) -> Response:
+        """The runner's one call per attempt: record its spans, flush, finish (see Gateway)."""
+        g = self.g
+        g.bind()
+        attempt_id = request.path_params["attempt_id"]
+        g.check_finish_token(request, attempt_id)
+        body = finish_body(await g.read_json(request), attempt_id)
+        rollout = await g.finish_attempt(attempt_id, body.outcome, body.spans)
+        return Response(rollout.model_dump_json(), media_type=_JSON)
 
     async def health(self, request: Request) -> Response:
         g = self.g

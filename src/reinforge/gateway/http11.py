@@ -10,6 +10,7 @@ still go through httpx, where that cost is small next to the generation itself.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import cast
 from urllib.parse import urlsplit
 
@@ -92,9 +93,13 @@ class KeepAliveClient:
         _, conn = await loop.create_connection(_Connection, self._host, self._port)
         return conn
 
-    async def post(self, path: str, body: bytes, timeout: float) -> tuple[int, bytes]:
-        """(status, body) of one POST; raises HTTPConnectionError or TimeoutError."""
-        head = f"POST {self._prefix}{path} HTTP/1.1\r\n{self._head}Content-Length: {len(body)}\r\n\r\n"
+    async def post(
+        self, path: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, bytes]:
+        """(status, body) of one POST; raises HTTPConnectionError or TimeoutError. `headers` are
+        sent with this request only, after the client's own."""
+        extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items()) if headers else ""
+        head = f"POST {self._prefix}{path} HTTP/1.1\r\n{self._head}{extra}Content-Length: {len(body)}\r\n\r\n"
         request = head.encode() + body
         async with asyncio.timeout(timeout):
             while self._idle:

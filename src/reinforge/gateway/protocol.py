@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reinforge.gateway.backend import GenerationRequest, SamplingParams
 from reinforge.gateway.errors import GatewayHTTPError
+from reinforge.types import AttemptOutcome, Span
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -106,6 +107,18 @@ class RewardBody(BaseModel):
     reward: float = Field(allow_inf_nan=False)
     final: bool = True
     name: str | None = Field(default=None, max_length=256)
+
+
+MAX_FINISH_SPANS = 10_000
+
+
+class FinishBody(BaseModel):
+    """What a runner sends to end an attempt: its outcome, plus the attempt's spans it still holds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    outcome: AttemptOutcome
+    spans: list[Span] = Field(default_factory=list, max_length=MAX_FINISH_SPANS)
 
 
 def parse_body(model: type[M], data: Any) -> M:
@@ -354,3 +367,16 @@ def responses_request(body: ResponsesBody) -> GenerationRequest:
 
 def reward_body(data: Any) -> RewardBody:
     return parse_body(RewardBody, data)
+
+
+def finish_body(data: Any, attempt_id: str) -> FinishBody:
+    body = parse_body(FinishBody, data)
+    for i, span in enumerate(body.spans):
+        if span.attempt_id != attempt_id:
+            raise GatewayHTTPError(
+                400,
+                f"spans.{i}: the span belongs to attempt {span.attempt_id!r}, not {attempt_id!r}",
+                param=f"spans.{i}.attempt_id",
+                code="invalid_value",
+            )
+    return body

@@ -11,7 +11,7 @@ import json
 import secrets
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -19,12 +19,20 @@ from starlette.requests import Request
 from reinforge import semconv
 from reinforge.gateway import formats
 from reinforge.gateway.attempts import AttemptGuard, AttemptState
-from reinforge.gateway.auth import attempt_token, bearer_token, token_matches
+from reinforge.gateway.auth import attempt_token, bearer_token, finish_token, token_matches
 from reinforge.gateway.backend import Backend, GenerationRequest, GenerationResult, TextDelta
 from reinforge.gateway.errors import GatewayHTTPError, UpstreamError
 from reinforge.gateway.recorder import SpanRecorder
 from reinforge.store.base import Store
-from reinforge.types import Span, SpanKind, SpanStatus
+from reinforge.types import (
+    AttemptOutcome,
+    AttemptStatus,
+    Rollout,
+    Span,
+    SpanKind,
+    SpanQuery,
+    SpanStatus,
+)
 
 T = TypeVar("T")
 
@@ -147,6 +155,43 @@ class Gateway:
             return  # never served, or shut down (its lifespan flushed everything)
         await self._on_loop(lambda: self.recorder.flush(attempt_id))
 
+    async def finish_attempt(
+        self, attempt_id: str, outcome: AttemptOutcome, spans: Sequence[Span] = ()
+    ) -> Rollout:
+        """End an attempt with nothing of it missing from the store, in one call for the runner.
+
+        Queues `spans` (the runner's own: final reward, tool spans) with the gateway's, waits until
+        every span recorded for the attempt is in the store, then finishes the attempt. A succeeded
+        outcome without a reward takes the last final reward recorded for the attempt (the agent's
+        `emit_reward(..., final=True)` or a POST to the reward URL). Store errors propagate
+        (StaleAttemptError for a late finish).
+        """
+
+        async def finish() -> Rollout:
+            self.bind()
+            for span in spans:
+                await self.recorder.record(span)
+            await self.recorder.flush(attempt_id)
+            final = outcome
+            if outcome.status is AttemptStatus.succeeded and outcome.reward is None:
+                final = outcome.model_copy(update={"reward": await self._final_reward(attempt_id)})
+            try:
+                return await self.store.finish_attempt(attempt_id, final)
+            finally:
+                self.attempts.forget(attempt_id)  # the next call for it reads its final state
+
+        return await self._on_loop(finish)
+
+    async def _final_reward(self, attempt_id: str) -> float | None:
+        page = await self.store.query_spans(
+            SpanQuery(attempt_id=attempt_id, name=semconv.SPAN_FINAL_REWARD, limit=1000)
+        )
+        for span in reversed(page.items):
+            value = span.attributes.get(semconv.ATTR_REWARD_VALUE)
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return float(value)
+        return None
+
     async def close(self) -> None:
         """Write every queued span, then stop the recorder.
 
@@ -184,6 +229,17 @@ class Gateway:
         if not token_matches(attempt_token(self._secret, attempt_id), given):
             raise GatewayHTTPError(
                 401, f"the token is not valid for attempt {attempt_id!r}", code="invalid_api_key"
+            )
+
+    def check_finish_token(self, request: Request, attempt_id: str) -> None:
+        """Finishing needs the runner's token for the attempt; the agent's own token is refused."""
+        given = bearer_token(request.headers.get("authorization"))
+        if not token_matches(finish_token(self._secret, attempt_id), given):
+            raise GatewayHTTPError(
+                401,
+                f"finishing attempt {attempt_id!r} needs the runner's finish token "
+                "(reinforge.gateway.auth.finish_token); the attempt's API key can't end it",
+                code="invalid_api_key",
             )
 
     async def authorize(self, request: Request) -> AttemptState:

@@ -2,9 +2,10 @@
 
 One `Runner` runs up to `concurrency` attempts at once on one event loop (sync agents in a thread
 pool). For each attempt it heartbeats the lease, stops the agent when the store cancels or supersedes
-the attempt, enforces the timeout, makes sure every span of the attempt is in the store (its own
-tracing writer and the gateway's `/flush`), and only then finishes the attempt. The store does the
-retrying: a failed retryable attempt, or a lease that expired because a runner died, is leased again.
+the attempt, enforces the timeout, and finishes it through the gateway: one request carries the
+attempt's own spans (final reward, tool spans; see `AttemptSpanBuffer`), and the gateway finishes the
+attempt only once every span of it is in the store. The store does the retrying: a failed retryable
+attempt, or a lease that expired because a runner died, is leased again.
 """
 
 from __future__ import annotations
@@ -15,12 +16,10 @@ import logging
 import os
 import socket
 import traceback
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
-
-import httpx
 
 from reinforge.errors import (
     InvalidRequestError,
@@ -32,18 +31,14 @@ from reinforge.errors import (
 from reinforge.gateway.auth import attempt_token
 from reinforge.runner.agent import Agent, AgentFunction, RolloutResult, as_agent
 from reinforge.runner.command import AgentProcessError, CommandAgent
+from reinforge.runner.gateway_client import GatewayClient
 from reinforge.runner.llm import LLM
 from reinforge.runner.resources import ResourcesCache, model_from_resources
-from reinforge.semconv import (
-    AIR_TIMEOUT,
-    ATTR_AIR_SIGNAL,
-    ATTR_REWARD_VALUE,
-    ATTR_STEP_KIND,
-    SPAN_FINAL_REWARD,
-)
+from reinforge.semconv import AIR_TIMEOUT, ATTR_AIR_SIGNAL, ATTR_STEP_KIND
 from reinforge.store.base import Store
 from reinforge.tracing import (
     AttemptContext,
+    AttemptSpanBuffer,
     SpanWriter,
     attempt_scope,
     emit_reward,
@@ -52,7 +47,7 @@ from reinforge.tracing import (
     instrument_threads,
     reward_value,
 )
-from reinforge.types import AttemptOutcome, AttemptStatus, LeasedRollout, RolloutMode, SpanQuery, new_id
+from reinforge.types import AttemptOutcome, AttemptStatus, LeasedRollout, RolloutMode, Span, new_id
 
 log = logging.getLogger(__name__)
 
@@ -140,7 +135,7 @@ class Runner:
         self.stats = RunnerStats()
         self._resources = ResourcesCache(store)
         self._writer: SpanWriter | None = None
-        self._http: httpx.AsyncClient | None = None
+        self._gateway: GatewayClient | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._active: set[asyncio.Task[None]] = set()
 
@@ -151,12 +146,7 @@ class Runner:
         install_global_tracer_provider()
         stop = stop or asyncio.Event()
         self._writer = await SpanWriter(self.store).start()
-        self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(60.0, connect=10.0),
-            # Few connections: httpcore scans its whole pool per request, and flushes are short.
-            limits=httpx.Limits(max_connections=min(self.concurrency, 16)),
-            trust_env=False,
-        )
+        self._gateway = GatewayClient(self.gateway_url, self._secret)
         self._pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="reinforge-agent")
         active = self._active = set()
         stop_wait = asyncio.create_task(stop.wait())
@@ -166,7 +156,7 @@ class Runner:
             stop_wait.cancel()
             await self._drain(active)
             await self._writer.close()
-            await self._http.aclose()
+            await self._gateway.aclose()
             self._pool.shutdown(wait=False, cancel_futures=True)
         return self.stats
 
@@ -262,10 +252,11 @@ class Runner:
         if self.agent.name is not None:
             llm = llm.for_agent(self.agent.name)
         assert self._writer is not None
+        spans = AttemptSpanBuffer(self._writer)
         ctx = AttemptContext(
             rollout_id=rollout.rollout_id,
             attempt_id=attempt_id,
-            sink=self._writer,
+            sink=spans,
             agent_name=self.agent.name,
             resources=resources.resources,
             resources_version=resources.version,
@@ -276,12 +267,16 @@ class Runner:
         # The lease is kept alive until the finish is reported (flushing can take a while too).
         heartbeat = asyncio.create_task(self._heartbeat(attempt_id, work, state))
         try:
-            await self._complete(work, ctx, state, llm)
+            await self._complete(work, ctx, state, spans)
         finally:
             heartbeat.cancel()
 
     async def _complete(
-        self, work: asyncio.Task[float | None], ctx: AttemptContext, state: _AttemptState, llm: LLM
+        self,
+        work: asyncio.Task[float | None],
+        ctx: AttemptContext,
+        state: _AttemptState,
+        spans: AttemptSpanBuffer,
     ) -> None:
         attempt_id = ctx.attempt_id
         try:
@@ -289,7 +284,7 @@ class Runner:
         except _Superseded:
             self.stats.stopped += 1
             log.info("attempt %s was cancelled or superseded; its agent was stopped", attempt_id)
-            await self._flush(llm, attempt_id, strict=False)
+            await self._flush(attempt_id, spans.take(), strict=False)
             return
         except asyncio.CancelledError:
             # The runner is shutting down past its drain timeout: give the rollout back for a retry.
@@ -299,18 +294,24 @@ class Runner:
                 self._finish(
                     attempt_id,
                     AttemptOutcome(status=AttemptStatus.failed, error="the runner stopped", retryable=True),
+                    spans.take(),
                 )
             )
             raise
-        try:
-            await self._flush(llm, attempt_id, strict=True)
-            if outcome.status == AttemptStatus.succeeded and outcome.reward is None:
-                outcome = outcome.model_copy(update={"reward": await self._emitted_final_reward(attempt_id)})
-        except Exception as e:  # whatever went wrong, the attempt must not finish with data missing
-            outcome = AttemptOutcome(
-                status=AttemptStatus.failed, error=f"could not flush the attempt's spans: {e}", retryable=True
-            )
-        await self._finish(attempt_id, outcome)
+        held = spans.take()
+        if spans.passed:
+            # Some spans went through the shared writer (a long or busy attempt): they must be in the
+            # store before the finish; the held rest travels with it.
+            assert self._writer is not None
+            try:
+                await self._writer.flush()
+            except Exception as e:  # whatever went wrong, the attempt must not finish with data missing
+                outcome = AttemptOutcome(
+                    status=AttemptStatus.failed,
+                    error=f"could not flush the attempt's spans: {e}",
+                    retryable=True,
+                )
+        await self._finish(attempt_id, outcome, held)
 
     async def _invoke(self, task: dict[str, Any], llm: LLM, rollout_id: str, attempt_id: str) -> float | None:
         """Run the agent once; returns the reward it produced directly (None when it emitted it)."""
@@ -386,45 +387,59 @@ class Runner:
             except StoreUnavailableError as e:
                 log.warning("heartbeat for %s failed (%s); the lease holds until it expires", attempt_id, e)
 
-    async def _flush(self, llm: LLM, attempt_id: str, *, strict: bool) -> None:
-        """Every span of the attempt in the store: ours from the writer, the gateway's via /flush."""
-        assert self._writer is not None
+    async def _flush(self, attempt_id: str, held: list[Span], *, strict: bool) -> None:
+        """Every span of an attempt that will not be finished in the store: ours through the writer,
+        the gateway's through its `/flush`."""
+        assert self._writer is not None and self._gateway is not None
+        for span in held:
+            self._writer.submit(span)
         try:
-            # Both at once: they write to the store independently, and this wait is on every attempt.
-            await asyncio.gather(self._writer.flush(), self._flush_gateway(llm))
+            # Both at once: they write to the store independently.
+            await asyncio.gather(self._writer.flush(), self._gateway.flush(attempt_id))
         except Exception as e:
             if strict:
                 raise
             log.warning("flushing spans of %s failed: %s", attempt_id, e)
 
-    async def _flush_gateway(self, llm: LLM) -> None:
-        assert self._http is not None
+    async def _finish(
+        self, attempt_id: str, outcome: AttemptOutcome, spans: list[Span] | None = None
+    ) -> None:
+        """Finish through the gateway: one request stores `spans` and the gateway's spans of the
+        attempt, then finishes it (a succeeded outcome without a reward takes the emitted one).
+
+        When the gateway refuses the request outright (a wrong secret, a bad span), the attempt is
+        failed in the store directly, retryably: it must not end as if its data were complete.
+        """
+        assert self._gateway is not None
+        gateway = self._gateway
+
+        async def through_gateway() -> None:
+            await gateway.finish(attempt_id, outcome, spans or ())
+
         try:
-            response = await self._http.post(
-                f"{llm.attempt_root}/flush", headers={"Authorization": f"Bearer {llm.api_key}"}
+            await self._report(attempt_id, outcome, through_gateway)
+        except ReinforgeError as e:
+            log.error("the gateway refused to finish attempt %s: %s", attempt_id, e)
+            failed = AttemptOutcome(
+                status=AttemptStatus.failed,
+                error=f"could not flush the attempt's spans through the gateway: {e}",
+                retryable=True,
             )
-        except httpx.HTTPError as e:
-            raise FlushError(f"gateway flush failed: {e!r}") from e
-        if response.status_code >= 400:
-            raise FlushError(f"gateway flush answered {response.status_code}: {response.text[:500]}")
 
-    async def _emitted_final_reward(self, attempt_id: str) -> float | None:
-        """The last final reward recorded for the attempt (emit_reward(final=True) or the reward URL)."""
-        page = await self.store.query_spans(
-            SpanQuery(attempt_id=attempt_id, name=SPAN_FINAL_REWARD, limit=1000)
-        )
-        for span in reversed(page.items):
-            value = span.attributes.get(ATTR_REWARD_VALUE)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                return float(value)
-        return None
+            async def in_store() -> None:
+                await self.store.finish_attempt(attempt_id, failed)
 
-    async def _finish(self, attempt_id: str, outcome: AttemptOutcome) -> None:
+            await self._report(attempt_id, failed, in_store)
+
+    async def _report(
+        self, attempt_id: str, outcome: AttemptOutcome, send: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Send a finish, retrying while the store or gateway is unavailable; count the result."""
         backoff = 0.1
         for _ in range(6):
             try:
-                await self.store.finish_attempt(attempt_id, outcome)
-            except StaleAttemptError as e:
+                await send()
+            except (StaleAttemptError, NotFoundError) as e:
                 self.stats.stopped += 1
                 log.info("attempt %s finished too late: %s", attempt_id, e)
                 return

@@ -12,6 +12,7 @@ into the store; agents only call `span` and `emit_reward`.
 """
 
 from reinforge.tracing.api import SpanHandle, emit_reward, reward_value, span
+from reinforge.tracing.buffer import AttemptSpanBuffer
 from reinforge.tracing.context import AttemptContext, SpanSink, attempt_scope, current_attempt
 from reinforge.tracing.processor import AttemptSpanProcessor, to_reinforge_span
 from reinforge.tracing.provider import get_tracer, get_tracer_provider, install_global_tracer_provider
@@ -20,6 +21,7 @@ from reinforge.tracing.writer import SpanWriter
 
 __all__ = [
     "AttemptContext",
+    "AttemptSpanBuffer",
     "AttemptSpanProcessor",
     "SpanHandle",
     "SpanSink",

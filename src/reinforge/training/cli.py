@@ -69,7 +69,6 @@ def demo_command(
     rebuild_warm_start: Annotated[
         bool, typer.Option("--rebuild-warm-start", help="Train the warm start from scratch (minutes).")
     ] = False,
-    warm_start_steps: Annotated[int, typer.Option("--warm-start-steps", min=1)] = 1200,
     minutes: Annotated[float, typer.Option("--minutes", help="RL wall-time budget.")] = 5.0,
     max_steps: Annotated[int, typer.Option("--max-steps", min=0)] = 400,
     val_size: Annotated[int, typer.Option("--val-size", min=1, help="Held-out tasks evaluated.")] = 200,
@@ -83,7 +82,6 @@ def demo_command(
         settings = DemoSettings(
             run_dir=run_dir,
             rebuild_warm_start=rebuild_warm_start,
-            warm_start_steps=warm_start_steps,
             minutes=minutes,
             max_steps=max_steps,
             val_size=val_size,
