@@ -15,7 +15,8 @@ sides' greedy outputs agree and reports achieved FLOP/s against a matmul peak me
 
     .venv/bin/python benchmarks/engine_bench.py [--quick] [--threads N] [--device cpu|cuda]
 
-Ends with `RESULT engine_speedup_vs_hf_generate_c64=<engine tok/s / HF tok/s at 64>` (goal >= 3).
+Ends with `RESULT engine_cpu_time_speedup_vs_hf_generate_c64=<the same over CPU seconds>` and
+`RESULT engine_speedup_vs_hf_generate_c64=<engine tok/s / HF tok/s at 64, wall time>` (goal >= 3).
 """
 
 from __future__ import annotations
@@ -258,9 +259,10 @@ def main(argv: list[str] | None = None, **defaults: Any) -> None:
 
     print(
         f"{'c':>3} {'requests':>8} {'HF tok/s':>10} {'engine tok/s':>13} {'speedup':>8} "
-        f"{'HF %peak':>9} {'engine %peak':>13} {'same output':>12}"
+        f"{'HF %peak':>9} {'engine %peak':>13} {'same output':>12} {'cpu-time speedup':>17}"
     )
     speedups: dict[int, float] = {}
+    cpu_speedups: dict[int, float] = {}
     last_cached, rounds_64 = 0, 1
     for c in args.concurrency:
         subset = requests[: args.c1_requests] if c == 1 else requests
@@ -277,10 +279,11 @@ def main(argv: list[str] | None = None, **defaults: Any) -> None:
         last_cached, rounds_64 = ours.prefix_cached, len(our_runs)
         same = sum(a == b for a, b in zip(hf.outputs, ours.outputs, strict=True))
         speedups[c] = ours.tok_s / hf.tok_s
+        cpu_speedups[c] = ours.cpu_tok_s / hf.cpu_tok_s
         print(
             f"{c:>3} {len(subset):>8} {hf.tok_s:>10.0f} {ours.tok_s:>13.0f} {speedups[c]:>7.2f}x "
             f"{100 * hf.flops / hf.seconds / peak:>8.1f}% {100 * ours.flops / ours.seconds / peak:>12.1f}% "
-            f"{same:>7}/{len(subset)} {ours.cpu_tok_s / hf.cpu_tok_s:>16.2f}x"
+            f"{same:>7}/{len(subset)} {cpu_speedups[c]:>16.2f}x"
         )
     print("(same output: requests whose greedy completions are identical token for token; HF's padded")
     print(" batches can differ from unpadded math in the last bits, which may flip a near-tie)")
@@ -290,6 +293,8 @@ def main(argv: list[str] | None = None, **defaults: Any) -> None:
         f"{rounds_64 * sum(prompt_lens)} prompt tokens from running sequences' caches, not recomputed)"
     )
     if 64 in speedups:
+        # Wall time is the headline; CPU time is the steadier check when other jobs share the cores.
+        print(f"RESULT engine_cpu_time_speedup_vs_hf_generate_c64={cpu_speedups[64]:.2f}")
         print(f"RESULT engine_speedup_vs_hf_generate_c64={speedups[64]:.2f}")
 
 

@@ -95,12 +95,8 @@ def resolve_warm_start(explicit: Path | None) -> Path:
     for path in (explicit, SHIPPED_WARM_START, BUILT_WARM_START):
         if path is not None and (path / "config.json").is_file():
             return path
-    demo = DemoSettings()
     print(f"no shipped warm start; building the demo's recipe into {BUILT_WARM_START} (minutes, once)")
-    sft = SftConfig(
-        steps=demo.warm_start_steps, batch_size=32
-    )  # what `reinforge demo --rebuild-warm-start` runs
-    build_warm_start(BUILT_WARM_START, WarmStartConfig(seed=demo.seed, sft=sft))
+    build_warm_start(BUILT_WARM_START, WarmStartConfig(seed=DemoSettings().seed))
     return BUILT_WARM_START
 
 
@@ -112,7 +108,11 @@ def run_variant(variant: Variant, warm: Path, args: argparse.Namespace, out_dir:
     trainer = Trainer(
         model,
         tokenizer,
-        algorithm=GRPO(group_size=args.group_size, loss_agg=variant.loss_agg, seq_unit=variant.seq_unit),
+        algorithm=GRPO(
+            group_size=args.group_size,
+            loss_agg=variant.loss_agg if variant.seq_unit == "transition" else args.loss_agg,
+            seq_unit=variant.seq_unit,
+        ),
         credit=CreditConfig(mode=variant.mode, assignment=variant.assignment),
         config=TrainerConfig(
             run_dir=run_dir,
@@ -206,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--group-size", type=int, default=None)
     parser.add_argument("--learning-rate", type=float, default=demo.learning_rate)
     parser.add_argument("--val-size", type=int, default=None)
+    parser.add_argument(
+        "--loss-agg",
+        choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"],
+        default="token-mean",
+        help="loss aggregation of the four main variants (sequences are rollouts)",
+    )
     parser.add_argument("--no-greedy", action="store_true", help="skip greedy validation")
     parser.add_argument(
         "--ablation", action="store_true", help="also run per-call with per-transition seq-mean"
@@ -321,7 +327,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     print(
         f"learning_bench: warm start {warm}; GRPO {args.tasks_per_step} tasks x {args.group_size} per "
-        f"step, lr {args.learning_rate}, {args.steps} steps per run, {args.val_size} held-out tasks; "
+        f"step, lr {args.learning_rate}, loss {args.loss_agg}, {args.steps} steps per run, "
+        f"{args.val_size} held-out tasks; "
         f"torch threads 1, load average {os.getloadavg()[0]:.1f} (2 cores, shared)",
         flush=True,
     )

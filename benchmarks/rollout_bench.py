@@ -129,8 +129,10 @@ class SpineServer:
 def inprocess_agent(http_client: openai.DefaultAsyncHttpxClient) -> Any:
     """One chat completion through the attempt's endpoint, reward 1.0 when an answer came back.
 
-    The agent makes a client per attempt (the attempt's URL and key), sharing one connection pool,
-    as an agent serving many attempts would.
+    What a user writes: an `openai.AsyncOpenAI` client per attempt (each attempt has its own base URL
+    and key), all sharing one httpx connection pool, as an agent serving many attempts at once
+    would. Reusing one AsyncOpenAI via `with_options(base_url=..., api_key=...)` costs the same
+    (measured: ~45 us either way per attempt); the client's own call, ~2 ms CPU, dominates.
     """
 
     async def noop(task: dict[str, Any], llm: LLM) -> float:

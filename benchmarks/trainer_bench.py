@@ -16,7 +16,7 @@ code on held-out questions (sampled at the training temperature, and greedy), an
 `RESULT trainer_steps_per_s_ratio_vs_trl=<ours / trl>`.
 
     .venv/bin/python benchmarks/trainer_bench.py            # 120 s per side
-    .venv/bin/python benchmarks/trainer_bench.py --quick    # 20 s per side, for a smoke run
+    .venv/bin/python benchmarks/trainer_bench.py --quick    # 15 s per side, a smoke run
 
 TRL venv (torch first, so pip keeps the local CPU wheel):
     python3 -m venv .bench/trl-venv && .bench/trl-venv/bin/pip install torch==2.13.0 \
@@ -144,12 +144,8 @@ def resolve_warm_start(explicit: Path | None) -> Path:
     for path in (explicit, SHIPPED_WARM_START, BUILT_WARM_START):
         if path is not None and (path / "config.json").is_file():
             return path
-    demo = DemoSettings()
     print(f"no shipped warm start; building the demo's recipe into {BUILT_WARM_START} (minutes, once)")
-    sft = SftConfig(
-        steps=demo.warm_start_steps, batch_size=32
-    )  # what `reinforge demo --rebuild-warm-start` runs
-    build_warm_start(BUILT_WARM_START, WarmStartConfig(seed=demo.seed, sft=sft))
+    build_warm_start(BUILT_WARM_START, WarmStartConfig(seed=DemoSettings().seed))
     return BUILT_WARM_START
 
 
@@ -188,8 +184,7 @@ def run_reinforge(
     steps = [r for r in fit.history if "train/reward" in r]
     recorded_prompt = asyncio.run(_one_recorded_prompt(run_dir))
     return {
-        "steps": len(steps),
-        "seconds": steps[-1]["time/rl_s"] if steps else float("nan"),
+        "step_ends": [float(r["time/rl_s"]) for r in steps],
         "rewards": [float(r["train/reward"]) for r in steps],
         "rollout_s": sum(float(r["time/rollout_s"]) for r in steps),
         "update_s": sum(float(r["time/update_s"]) for r in steps),
@@ -279,6 +274,7 @@ async def _core(
     rewards: list[float] = []
     version, started = 0, time.monotonic()
     gen_s = update_s = 0.0
+    step_ends: list[float] = []
     try:
         while time.monotonic() - started < args.seconds:
             picked = [
@@ -320,9 +316,9 @@ async def _core(
             update_s += time.monotonic() - t0
             version += 1
             await engine.load_weights(policy.engine_state(), version)
+            step_ends.append(time.monotonic() - started)
         return {
-            "steps": version,
-            "seconds": time.monotonic() - started,
+            "step_ends": step_ends,
             "rewards": rewards,
             "model": model,
             "generate_s": gen_s,
@@ -370,15 +366,24 @@ def tail_mean(values: list[float], n: int = 5) -> float:
     return sum(values[-n:]) / len(values[-n:]) if values else float("nan")
 
 
+def steps_per_second(step_ends: list[float]) -> float:
+    """Steady-state steps/s: the first step (one-time warm-up on every side) is left out when there are
+    at least three steps; with fewer, all steps over the whole time."""
+    if len(step_ends) >= 3:
+        return (len(step_ends) - 1) / (step_ends[-1] - step_ends[0])
+    return len(step_ends) / step_ends[-1] if step_ends else float("nan")
+
+
 def report(
-    name: str, steps: int, seconds: float, rewards: list[float], held: dict[str, float], load: float
+    name: str, step_ends: list[float], rewards: list[float], held: dict[str, float], load: float
 ) -> float:
-    """Print one side's line; returns its steps/s."""
-    rate = steps / seconds if seconds > 0 else float("nan")
+    """Print one side's line; returns its steady-state steps/s."""
+    steps, seconds = len(step_ends), (step_ends[-1] if step_ends else float("nan"))
+    rate = steps_per_second(step_ends)
     first = rewards[0] if rewards else float("nan")
     print(
-        f"{name}: {steps} steps in {seconds:.1f} s = {rate:.3f} steps/s; train reward first {first:.3f} "
-        f"last-5 {tail_mean(rewards):.3f}; held-out sampled {held['sampled']:.3f} "
+        f"{name}: {steps} steps in {seconds:.1f} s, {rate:.3f} steps/s after the first step; train reward "
+        f"first {first:.3f} last-5 {tail_mean(rewards):.3f}; held-out sampled {held['sampled']:.3f} "
         f"greedy {held['greedy']:.3f} (load average after {load:.1f})"
     )
     return rate
@@ -386,7 +391,9 @@ def report(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="20 s per side and a small held-out set")
+    parser.add_argument(
+        "--quick", action="store_true", help="15 s per side, 32 held-out questions (smoke run)"
+    )
     parser.add_argument("--seconds", type=float, default=None, help="training wall time per side")
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--prompts-per-step", type=int, default=16)
@@ -402,8 +409,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main() -> None:
     args = build_parser().parse_args()
-    args.seconds = args.seconds or (20.0 if args.quick else 120.0)
-    eval_size = args.eval_size or (64 if args.quick else 200)
+    args.seconds = args.seconds or (15.0 if args.quick else 120.0)
+    eval_size = args.eval_size or (32 if args.quick else 200)
     torch.set_num_threads(1)  # one thread per process: the machine's 2 cores are shared
 
     work = ROOT / ".bench" / "work" / "trainer-bench"
@@ -437,8 +444,7 @@ def main() -> None:
 
     ours_rate = report(
         "reinforge Trainer.fit (store + gateway + engine + runner)",
-        ours["steps"],
-        ours["seconds"],
+        ours["step_ends"],
         ours["rewards"],
         evaluate(ours["model"], tokenizer, held_out, args.max_tokens),
         ours_load,
@@ -453,8 +459,7 @@ def main() -> None:
     if core is not None:
         core_rate = report(
             "reinforge core (engine + Policy.update, no spine)",
-            core["steps"],
-            core["seconds"],
+            core["step_ends"],
             core["rewards"],
             evaluate(core["model"], tokenizer, held_out, args.max_tokens),
             core_load,
@@ -469,11 +474,9 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
 
     trl_model = AutoModelForCausalLM.from_pretrained(trl["final_model_dir"], dtype=torch.float32)
-    trl_seconds = trl["step_ends_s"][-1] if trl["step_ends_s"] else float("nan")
     trl_rate = report(
         f"TRL {trl['trl_version']} GRPOTrainer",
-        trl["steps"],
-        trl_seconds,
+        trl["step_ends_s"],
         trl["rewards"],
         evaluate(trl_model, tokenizer, held_out, args.max_tokens),
         trl_load,
@@ -485,6 +488,8 @@ def main() -> None:
         print(f"RESULT trainer_core_steps_per_s_ratio_vs_trl={core_rate / trl_rate:.2f}")
     print(f"Trainer.fit steps/s vs TRL: {ours_rate / trl_rate:.2f}x")
     print(f"RESULT trainer_steps_per_s_ratio_vs_trl={ours_rate / trl_rate:.2f}")
+    if args.quick:
+        print("(--quick: a few steps per side on a shared machine; a smoke run, not a measurement)")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def main() -> None:
     trainer = Trainer(
         model,
         tokenizer,
-        algorithm=GRPO(group_size=8),
+        algorithm=GRPO(group_size=8, loss_agg="seq-mean-token-mean"),
         credit=CreditConfig(mode="merged", assignment="equal+air"),
         run_dir=args.run_dir,
         max_minutes=args.minutes,

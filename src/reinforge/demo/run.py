@@ -98,7 +98,10 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
     trainer = Trainer(
         model,
         tokenizer,
-        algorithm=GRPO(group_size=settings.group_size),
+        # Each rollout weighs the same in the loss, however many tokens it has: with token-mean, long
+        # failed rollouts out-voted short successful ones and pushed the policy into long garbage
+        # (entropy 0.07 -> 0.41 and no tool calls within three steps at lr 1e-3).
+        algorithm=GRPO(group_size=settings.group_size, loss_agg="seq-mean-token-mean", seq_unit="rollout"),
         credit=CreditConfig(mode=settings.credit_mode, assignment=("equal", "air")),
         config=TrainerConfig(
             run_dir=settings.run_dir,

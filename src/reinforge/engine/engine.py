@@ -7,7 +7,7 @@ and reads results. Each loop iteration:
 2. applies a pending weight update once the running batch has drained: while an update waits, no new
    request starts, so a response is always produced by exactly one policy version;
 3. admits waiting requests (FIFO) while the batch has free slots and the token budget allows, and
-   prefills them in right-padded batches grouped by length; a prompt that starts with tokens a running
+   prefills them packed together (no padding); a prompt that starts with tokens a running
    sequence already holds in its cache (rollouts of one task, a conversation going on) copies that KV
    and computes only its new tokens;
 4. runs ONE decode forward for every running sequence and samples the next token of each;
@@ -86,6 +86,9 @@ class _Sequence:
     detok: IncrementalDetokenizer | None = None
     finish_reason: EngineFinishReason | None = None
     cancelled: bool = False
+    streaming: bool = True
+    """Only streams get a token event per step: waking 64 `generate` callers every step for nothing
+    would cost the event loop's thread (and the GIL the worker needs) more than the step itself."""
 
     @property
     def reserved(self) -> int:
@@ -106,7 +109,7 @@ class Engine:
     max_batch_size: the most sequences decoded together (slots); more requests queue.
     max_num_tokens: the most tokens (prompt + generation budget) reserved by running sequences.
     max_seq_len: the longest sequence (prompt + completion); defaults to the model's position limit.
-    prefill_max_tokens: the most (padded) tokens in one prefill forward, bounding activation memory.
+    prefill_max_tokens: the most computed prompt tokens in one prefill forward, bounding activation memory.
     prefix_min_tokens: a new prompt whose first tokens (at least this many; 0 turns it off) are already
         cached by a running sequence copies that KV instead of recomputing it.
     seed: seeds the shared generator used by requests without their own seed.
@@ -223,7 +226,7 @@ class Engine:
 
     async def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None) -> EngineOutput:
         """Generate one completion; cancelling the awaiting task frees the request's slot."""
-        seq = self._submit(prompt_ids, sampling or SamplingParams())
+        seq = self._submit(prompt_ids, sampling or SamplingParams(), streaming=False)
         try:
             while True:
                 kind, payload = await seq.queue.get()
@@ -242,7 +245,7 @@ class Engine:
         """Yield deltas as tokens are produced, then the EngineOutput. Text that might be the start
         of a stop string is held back, so streamed text always equals the final text."""
         params = sampling or SamplingParams()
-        seq = self._submit(prompt_ids, params)
+        seq = self._submit(prompt_ids, params, streaming=True)
         detok = IncrementalDetokenizer(self.tokenizer)
         hold = max((len(s) for s in params.stop), default=1) - 1
         sent = 0
@@ -290,7 +293,7 @@ class Engine:
 
     # ---- request intake (caller's thread) ---------------------------------------------------------
 
-    def _submit(self, prompt_ids: list[int], sampling: SamplingParams) -> _Sequence:
+    def _submit(self, prompt_ids: list[int], sampling: SamplingParams, *, streaming: bool) -> _Sequence:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
@@ -318,6 +321,7 @@ class Engine:
             loop=asyncio.get_running_loop(),
             queue=asyncio.Queue(),
             detok=IncrementalDetokenizer(self.tokenizer) if stops else None,
+            streaming=streaming,
         )
         self.start()
         with self._cond:
@@ -400,6 +404,13 @@ class Engine:
             chosen.append(self._waiting.popleft())
             budget -= head.reserved
         self._admitting = chosen  # if a forward fails, these fail too instead of hanging
+        if chosen:
+            # One cache allocation for what the batch will need, not a doubling (and a copy of every
+            # cache) each time the sequences outgrow it; capped at twice the longest current length so
+            # a request without max_tokens does not reserve the whole context for every slot.
+            batch = [*self._running, *chosen]
+            longest = max([s.length for s in self._running] + [len(s.prompt) for s in chosen])
+            self._runner.reserve(len(batch), min(max(s.reserved for s in batch), max(64, 2 * longest)))
         leaders, followers = self._match_prefixes(sorted(chosen, key=lambda s: len(s.prompt)))
         sampled: list[tuple[list[_Sequence], list[int], list[float]]] = []
         for group in self._prefill_groups(leaders, lambda s: len(s.prompt)):
@@ -460,14 +471,16 @@ class Engine:
     def _prefill_groups(
         self, seqs: list[_Sequence], cost: Callable[[_Sequence], int]
     ) -> list[list[_Sequence]]:
-        """Batches of similar cost (padded tokens), each at most `prefill_max_tokens` when padded."""
-        ordered = sorted(seqs, key=cost)
+        """Batches of at most `prefill_max_tokens` computed tokens (the runner packs prompts without
+        padding), in order of cost, so a forward's activation memory stays bounded."""
         groups: list[list[_Sequence]] = []
-        while ordered:
-            group = [ordered.pop(0)]
-            while ordered and (len(group) + 1) * cost(ordered[0]) <= self.prefill_max_tokens:
-                group.append(ordered.pop(0))
-            groups.append(group)
+        used = 0
+        for seq in sorted(seqs, key=cost):
+            if not groups or used + cost(seq) > self.prefill_max_tokens:
+                groups.append([])
+                used = 0
+            groups[-1].append(seq)
+            used += cost(seq)
         return groups
 
     def _enter(self, group: list[_Sequence], first: int) -> None:
@@ -505,9 +518,9 @@ class Engine:
                     seq.finish_reason = "stop"
             if seq.finish_reason is None and len(seq.tokens) >= seq.max_new:
                 seq.finish_reason = "length"
-            new = len(seq.tokens) - seq.unsent
-            events.append((seq, ("tokens", (seq.tokens[seq.unsent :], seq.logprobs[seq.unsent :]))))
-            seq.unsent += new
+            if seq.streaming:
+                events.append((seq, ("tokens", (seq.tokens[seq.unsent :], seq.logprobs[seq.unsent :]))))
+                seq.unsent = len(seq.tokens)
             if seq.finish_reason is not None:
                 events.append((seq, ("done", self._output(seq))))
                 finished.append(seq)

@@ -5,6 +5,9 @@ where sequences are short (hundreds to a few thousand tokens); a slot tensor
 `[layers, slots, kv_heads, capacity, head_dim]` lets one decode step read every active sequence's cache
 as a plain strided view (no gather, no block table), and keeping the active sequences packed in slots
 `0..n-1` (a finished sequence's slot is refilled by moving the last one) makes that view `[:n]`.
+A decode step is bound by reading that cache, so it is read in contiguous runs of slots
+("length buckets"), each only up to its own longest sequence; a prefill packs every prompt's uncached
+tokens into one unpadded batch for the matmuls and attends per prompt.
 Capacity grows by doubling along both axes, so memory follows the live batch, bounded by
 `max_slots * max_seq_len`.
 
@@ -25,6 +28,12 @@ import torch.nn.functional as F
 from transformers.activations import ACT2FN
 
 FAST_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
+# The cost of one more attention call, in cached positions read: splitting a decode batch into
+# length buckets pays only when it skips more than this many keys. Measured on CPU: an SDPA call costs
+# about as much as reading ~100 cached positions of one sequence. On a GPU a launch (~10 us) costs as
+# much as reading tens of thousands of positions, so buckets are cut only for large savings there.
+_BUCKET_OVERHEAD = {"cpu": 128}
+_BUCKET_OVERHEAD_ACCELERATOR = 32768
 
 
 class ModelRunner(Protocol):
@@ -48,6 +57,11 @@ class ModelRunner(Protocol):
 
     def refresh_weights(self) -> None:
         """Re-read the model's parameters (after a weight update)."""
+        ...
+
+    def reserve(self, slots: int, length: int) -> None:
+        """Make room for `slots` sequences of up to `length` tokens now, in one allocation, instead of
+        growing (and copying the cache) several times while they decode."""
         ...
 
 
@@ -113,6 +127,9 @@ class SlotCacheRunner:
         self._slot_cap = 0
         self._len_cap = 0
         self._arange = torch.arange(max_seq_len, device=self.device)
+        self._bucket_key: tuple[int, ...] = ()
+        self._bucket_overhead = _BUCKET_OVERHEAD.get(self.device.type, _BUCKET_OVERHEAD_ACCELERATOR)
+        self._bucket_plan: list[tuple[int, int, int]] = []
         self.refresh_weights()
 
     def refresh_weights(self) -> None:
@@ -133,11 +150,17 @@ class SlotCacheRunner:
         self.cos = cos[0]
         self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
 
-    def _ensure_capacity(self, slots: int, length: int) -> None:
+    def reserve(self, slots: int, length: int) -> None:
+        self._ensure_capacity(slots, length, exact=True)
+
+    def _ensure_capacity(self, slots: int, length: int, *, exact: bool = False) -> None:
+        """Grow the cache to hold `slots` x `length`: by doubling when a step outgrows it, or to the
+        next multiple of 64 positions when the engine reserves what its admitted requests need."""
         if slots <= self._slot_cap and length <= self._len_cap:
             return
         new_slots = min(self.max_slots, max(self._slot_cap, _next_pow2(slots)))
-        new_len = min(self.max_seq_len, max(self._len_cap, _next_pow2(max(length, 64))))
+        grown = -(-length // 64) * 64 if exact else _next_pow2(max(length, 64))
+        new_len = min(self.max_seq_len, max(self._len_cap, grown))
         shape = (len(self.layers), new_slots, self.num_kv_heads, new_len, self.head_dim)
         k = torch.zeros(shape, device=self.device, dtype=self.dtype)
         v = torch.zeros(shape, device=self.device, dtype=self.dtype)
@@ -146,17 +169,6 @@ class SlotCacheRunner:
             v[:, : self._slot_cap, :, : self._len_cap] = self._v
         self._k, self._v = k, v
         self._slot_cap, self._len_cap = new_slots, new_len
-
-    def _split_heads(
-        self, qkv: torch.Tensor, batch: int, length: int, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k (both rotated in one pass over their shared slice of `qkv`) and v, as [b, heads, len, d]."""
-        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qk = qkv[..., : (h + kv) * d].reshape(batch, length, h + kv, d).transpose(1, 2)
-        # rotate_half(x) * sin == roll(x, d/2) * sin_signed, with the sign folded into the table.
-        qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
-        v = qkv[..., (h + kv) * d :].reshape(batch, length, kv, d).transpose(1, 2)
-        return qk[:, :h], qk[:, h:], v
 
     def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         h = F.rms_norm(x, (x.shape[-1],), layer.ln2_w, layer.ln2_eps)
@@ -167,93 +179,132 @@ class SlotCacheRunner:
         hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.norm_w, self.norm_eps)
         return F.linear(hidden, self.head_w, self.head_b).float()
 
+    def _rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        # rotate_half(x) * sin == roll(x, d/2) * sin_signed, with the sign folded into the table.
+        return qk * cos + qk.roll(self.head_dim // 2, dims=-1) * sin
+
     @torch.inference_mode()
     def prefill(
         self, first_slot: int, prompts: list[list[int]], cached: list[int] | None = None
     ) -> torch.Tensor:
-        if cached is not None and any(cached):
-            return self._extend(first_slot, prompts, cached)
+        """Packed ("varlen") prefill: the uncached tokens of every prompt run as one `[tokens, hidden]`
+        batch through the matmuls, so no FLOP is spent on padding (prompts of mixed lengths padded to
+        the longest cost up to twice the work); only attention runs per prompt."""
         m = len(prompts)
-        lengths = [len(p) for p in prompts]
-        padded_len = max(lengths)
-        self._ensure_capacity(first_slot + m, padded_len)
-        ids = torch.zeros(m, padded_len, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
-        x = F.embedding(ids.to(self.device), self.embed)
-        cos, sin = self.cos[:padded_len], self.sin[:padded_len]
-        gqa = self.num_kv_heads != self.num_heads
-        slots = slice(first_slot, first_slot + m)
-        for index, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
-            q, k, v = self._split_heads(F.linear(h, layer.qkv_w, layer.qkv_b), m, padded_len, cos, sin)
-            # Right padding + a causal mask: a real query never sees a padding key, and the padding
-            # written to the cache lies beyond the sequence's length, where decode masks it out.
-            self._k[index, slots, :, :padded_len] = k
-            self._v[index, slots, :, :padded_len] = v
-            attn = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa)
-            attn = attn.transpose(1, 2).reshape(m, padded_len, -1)
-            x = self._mlp(layer, x + F.linear(attn, layer.o_w, layer.o_b))
-        last = torch.tensor([n - 1 for n in lengths], device=self.device)
-        return self._logits(x[torch.arange(m, device=self.device), last])
-
-    def _extend(self, first_slot: int, prompts: list[list[int]], cached: list[int]) -> torch.Tensor:
-        """Prefill only the uncached tail of each prompt, attending to its cached prefix too."""
-        m = len(prompts)
-        tails = [p[c:] for p, c in zip(prompts, cached, strict=True)]
-        width = max(len(t) for t in tails)
-        span = max(len(p) for p in prompts)
-        self._ensure_capacity(first_slot + m, span)
-        ids = torch.zeros(m, width, dtype=torch.long)
-        valid = torch.zeros(m, width, dtype=torch.bool)
-        for i, t in enumerate(tails):
-            ids[i, : len(t)] = torch.tensor(t, dtype=torch.long)
-            valid[i, : len(t)] = True
-        valid = valid.to(self.device)
-        starts = torch.tensor(cached, device=self.device)
-        # Padding positions are clamped inside the context; they are never written to the cache.
-        pos = (starts[:, None] + self._arange[:width][None, :]).clamp(max=self.max_seq_len - 1)
-        rows = torch.arange(first_slot, first_slot + m, device=self.device)[:, None].expand(m, width)[valid]
-        cols = pos[valid]
+        starts = cached or [0] * m
+        lens = [len(p) - c for p, c in zip(prompts, starts, strict=True)]
+        self._ensure_capacity(first_slot + m, max(len(p) for p in prompts))
+        ids = torch.tensor([t for p, c in zip(prompts, starts, strict=True) for t in p[c:]], dtype=torch.long)
+        positions = [c + j for c, n in zip(starts, lens, strict=True) for j in range(n)]
+        pos = torch.tensor(positions, device=self.device)
+        slot_of = [first_slot + i for i, n in enumerate(lens) for _ in range(n)]
+        rows = torch.tensor(slot_of, device=self.device)
+        total = len(positions)
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        gqa = kv != h
         x = F.embedding(ids.to(self.device), self.embed)
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
-        mask = (self._arange[:span][None, None, :] <= pos[:, :, None])[:, None]
-        gqa = self.num_kv_heads != self.num_heads
-        slots = slice(first_slot, first_slot + m)
+        # Per prompt: its offset in the packed batch, its cached prefix and its causal mask over the
+        # cache (None when nothing is cached: plain causal attention).
+        spans: list[tuple[int, int, int, torch.Tensor | None]] = []
+        offset = 0
+        for c, n in zip(starts, lens, strict=True):
+            mask = None
+            if c:
+                mask = self._arange[: c + n][None, :] <= (c + self._arange[:n])[:, None]
+            spans.append((offset, c, n, mask))
+            offset += n
         for index, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
-            q, k, v = self._split_heads(F.linear(h, layer.qkv_w, layer.qkv_b), m, width, cos, sin)
-            self._k[index, rows, :, cols] = k.transpose(1, 2)[valid]
-            self._v[index, rows, :, cols] = v.transpose(1, 2)[valid]
-            keys, values = self._k[index, slots, :, :span], self._v[index, slots, :, :span]
-            attn = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=gqa)
-            attn = attn.transpose(1, 2).reshape(m, width, -1)
-            x = self._mlp(layer, x + F.linear(attn, layer.o_w, layer.o_b))
-        last = torch.tensor([len(t) - 1 for t in tails], device=self.device)
-        return self._logits(x[torch.arange(m, device=self.device), last])
+            hidden = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
+            qkv = F.linear(hidden, layer.qkv_w, layer.qkv_b)
+            qk = self._rotate(qkv[:, : (h + kv) * d].view(total, h + kv, d), cos, sin)
+            v = qkv[:, (h + kv) * d :].view(total, kv, d)
+            self._k[index, rows, :, pos] = qk[:, h:]
+            self._v[index, rows, :, pos] = v
+            attn = torch.empty(total, h, d, device=self.device, dtype=self.dtype)
+            for i, (off, c, n, mask) in enumerate(spans):
+                q = qk[off : off + n, :h].transpose(0, 1)[None]
+                keys = self._k[index, first_slot + i, :, : c + n][None]
+                values = self._v[index, first_slot + i, :, : c + n][None]
+                out = F.scaled_dot_product_attention(
+                    q, keys, values, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa
+                )
+                attn[off : off + n] = out[0].transpose(0, 1)
+            x = self._mlp(layer, x + F.linear(attn.view(total, h * d), layer.o_w, layer.o_b))
+        last = torch.tensor([off + n - 1 for off, _, n, _ in spans], device=self.device)
+        return self._logits(x[last])
+
+    def _buckets(self, positions: list[int]) -> list[tuple[int, int, int]]:
+        """Split slots `0..n-1` into contiguous runs `(start, end, span)` that each attend over their
+        own longest prefix instead of the batch's: a decode step is bound by reading the KV cache, and
+        one long sequence would otherwise make every short one read its whole length. Chosen by dynamic
+        programming over (keys read + a per-call overhead); recomputed only when the batch changes
+        (between two plain decode steps every position moves by one)."""
+        shifted = tuple(p - 1 for p in positions)
+        if shifted == self._bucket_key:
+            self._bucket_key = tuple(positions)
+            self._bucket_plan = [(a, b, span + 1) for a, b, span in self._bucket_plan]
+            return self._bucket_plan
+        n = len(positions)
+        longest_all = max(positions) + 1
+        if n * longest_all - sum(positions) - n <= self._bucket_overhead:  # nothing worth a second call
+            self._bucket_key, self._bucket_plan = tuple(positions), [(0, n, longest_all)]
+            return self._bucket_plan
+        best = [0] * (n + 1)
+        cut = [0] * (n + 1)
+        for end in range(1, n + 1):
+            longest, best_cost = 0, -1
+            for start in range(end - 1, -1, -1):
+                longest = max(longest, positions[start] + 1)
+                cost = best[start] + (end - start) * longest + self._bucket_overhead
+                if best_cost < 0 or cost < best_cost:
+                    best_cost, cut[end] = cost, start
+            best[end] = best_cost
+        plan: list[tuple[int, int, int]] = []
+        end = n
+        while end:
+            start = cut[end]
+            plan.append((start, end, max(positions[start:end]) + 1))
+            end = start
+        self._bucket_key = tuple(positions)
+        self._bucket_plan = plan[::-1]
+        return self._bucket_plan
 
     @torch.inference_mode()
     def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
         n = len(tokens)
-        span = max(positions) + 1
-        self._ensure_capacity(n, span)
+        self._ensure_capacity(n, max(positions) + 1)
         pos = torch.tensor(positions, device=self.device)
         rows = torch.arange(n, device=self.device)
-        x = F.embedding(torch.tensor(tokens, device=self.device), self.embed)[:, None, :]
-        cos, sin = self.cos[pos][:, None, None, :], self.sin[pos][:, None, None, :]
-        mask = (self._arange[:span][None, :] <= pos[:, None])[:, None, None, :]
-        gqa = self.num_kv_heads != self.num_heads
+        x = F.embedding(torch.tensor(tokens, device=self.device), self.embed)
+        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        gqa = kv != h
+        plan = [
+            (a, b, span, (self._arange[:span][None, :] <= pos[a:b, None])[:, None, None, :])
+            for a, b, span in self._buckets(positions)
+        ]
         for index, layer in enumerate(self.layers):
-            h = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
-            q, k, v = self._split_heads(F.linear(h, layer.qkv_w, layer.qkv_b), n, 1, cos, sin)
+            hidden = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
+            qkv = F.linear(hidden, layer.qkv_w, layer.qkv_b)
+            qk = self._rotate(qkv[:, : (h + kv) * d].view(n, h + kv, d), cos, sin)
             k_cache, v_cache = self._k[index], self._v[index]
-            k_cache[rows, :, pos] = k[:, :, 0]
-            v_cache[rows, :, pos] = v[:, :, 0]
-            attn = F.scaled_dot_product_attention(
-                q, k_cache[:n, :, :span], v_cache[:n, :, :span], attn_mask=mask, enable_gqa=gqa
-            )
-            x = self._mlp(layer, x + F.linear(attn.reshape(n, 1, -1), layer.o_w, layer.o_b))
-        return self._logits(x[:, 0])
+            k_cache[rows, :, pos] = qk[:, h:]
+            v_cache[rows, :, pos] = qkv[:, (h + kv) * d :].view(n, kv, d)
+            q = qk[:, :h, None]
+            if len(plan) == 1:
+                a, b, span, mask = plan[0]
+                attn = F.scaled_dot_product_attention(
+                    q, k_cache[:n, :, :span], v_cache[:n, :, :span], attn_mask=mask, enable_gqa=gqa
+                )
+            else:
+                attn = torch.empty(n, h, 1, d, device=self.device, dtype=self.dtype)
+                for a, b, span, mask in plan:
+                    attn[a:b] = F.scaled_dot_product_attention(
+                        q[a:b], k_cache[a:b, :, :span], v_cache[a:b, :, :span], attn_mask=mask, enable_gqa=gqa
+                    )
+            x = self._mlp(layer, x + F.linear(attn.view(n, h * d), layer.o_w, layer.o_b))
+        return self._logits(x)
 
     @torch.inference_mode()
     def move(self, src: int, dst: int, length: int) -> None:
@@ -273,6 +324,9 @@ class RecomputeRunner:
 
     def refresh_weights(self) -> None:
         """Nothing is cached from the weights: the model is called directly."""
+
+    def reserve(self, slots: int, length: int) -> None:
+        """Nothing to reserve: this runner keeps token lists, not a KV cache."""
 
     @torch.inference_mode()
     def _last_logits(self, seqs: list[list[int]]) -> torch.Tensor:

@@ -14,9 +14,10 @@ import json
 import os
 import shlex
 import signal
+import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 
 from reinforge.errors import InvalidRequestError, ReinforgeError
 from reinforge.runner.llm import LLM
@@ -85,15 +86,15 @@ def _kill_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-async def _exited(proc: asyncio.subprocess.Process) -> None:
-    """Return when the process itself has exited, whether or not its children still hold its pipes
-    (asyncio's `proc.wait()` also waits for the pipes). Uses a pidfd on Linux, else polls."""
+async def _exited(proc: subprocess.Popen[bytes]) -> None:
+    """Return when the process itself has exited, whether or not its children still hold its pipes.
+    Uses a pidfd on Linux, else polls; the caller reaps it (`proc.wait()` then returns at once)."""
     try:
         fd = os.pidfd_open(proc.pid)
     except ProcessLookupError:
         return  # already exited and reaped
     except (AttributeError, OSError):
-        while proc.returncode is None:
+        while proc.poll() is None:
             await asyncio.sleep(0.05)
         return
     loop = asyncio.get_running_loop()
@@ -109,6 +110,16 @@ async def _exited(proc: asyncio.subprocess.Process) -> None:
     finally:
         loop.remove_reader(fd)
         os.close(fd)
+
+
+async def _read_pipe(pipe: IO[bytes], into: _OutputReader) -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader(limit=2**20, loop=loop)
+    transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader, loop=loop), pipe)
+    try:
+        await into.read(reader)
+    finally:
+        transport.close()
 
 
 class CommandAgent:
@@ -173,11 +184,14 @@ class CommandAgent:
         """Run the command to its end; cancelling this coroutine kills the whole process group."""
         env = self.build_env(task, llm, rollout_id, attempt_id)
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
+            # subprocess.Popen (vfork) rather than the event loop's subprocess support: measured
+            # 0.3-0.5 ms CPU per spawn, against 0.5-0.8 ms for asyncio's and ~2.5 ms for uvloop's
+            # (which forks the whole runner process).
+            proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
                 env=env,
                 cwd=self.cwd,
                 start_new_session=True,  # its own process group (pgid == pid), killed as one
@@ -186,17 +200,19 @@ class CommandAgent:
             raise AgentProcessError(f"cannot start agent command {self.argv!r}: {e}") from e
         assert proc.stdout is not None and proc.stderr is not None
         out, err = _OutputReader(), _OutputReader()
-        readers = asyncio.gather(out.read(proc.stdout), err.read(proc.stderr))
+        readers = asyncio.gather(_read_pipe(proc.stdout, out), _read_pipe(proc.stderr, err))
         try:
             await _exited(proc)
-            # Children left behind would keep the pipes open (and `proc.wait()` with them) and
+            # Children left behind would keep the pipes open (and the readers with them) and
             # outlive the attempt.
             _kill_group(proc.pid, signal.SIGKILL)
-            exit_code = await proc.wait()
+            exit_code = proc.wait()  # it has exited: this only reaps it
             await readers
         except BaseException:
             await self._terminate(proc)
             readers.cancel()
+            with contextlib.suppress(BaseException):
+                await readers  # closes the pipes
             raise
         reward = None
         if out.reward_line is not None:
@@ -210,16 +226,21 @@ class CommandAgent:
             exit_code=exit_code, reward=reward, stdout_tail=out.text(), stderr_tail=err.text()
         )
 
-    async def _terminate(self, proc: asyncio.subprocess.Process) -> None:
+    async def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.returncode is not None:
+            return  # reaped, its group already killed; the pid may belong to someone else by now
         _kill_group(proc.pid, signal.SIGTERM)
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(proc.wait()), self.kill_grace_s)
+                await asyncio.wait_for(_exited(proc), self.kill_grace_s)
         finally:
             # Always SIGKILL the group: grandchildren may ignore SIGTERM or outlive their parent.
             _kill_group(proc.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(_exited(proc))
+            proc.poll()  # reaps it (never blocks the loop; an unreaped one is reaped by Popen later)
 
     def __repr__(self) -> str:
         return f"CommandAgent({shlex.join(self.argv)!r}, timeout_s={self.timeout_s})"

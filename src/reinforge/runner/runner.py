@@ -52,6 +52,9 @@ from reinforge.types import AttemptOutcome, AttemptStatus, LeasedRollout, Rollou
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "reinforge-policy"
+FINISH_RETRY_S = 120.0
+"""How long a runner keeps retrying an unavailable gateway/store to finish one attempt; after that
+the lease expires and the store retries the rollout."""
 SPAN_TIMEOUT = "reinforge.timeout"
 """Written when an attempt times out; it carries the `timeout` AIR signal."""
 
@@ -436,7 +439,11 @@ class Runner:
     ) -> None:
         """Send a finish, retrying while the store or gateway is unavailable; count the result."""
         backoff = 0.1
+        loop = asyncio.get_running_loop()
+        give_up_at = loop.time() + FINISH_RETRY_S  # a hung gateway times out each try: bound the total
         for _ in range(6):
+            if loop.time() > give_up_at:
+                break
             try:
                 await send()
             except (StaleAttemptError, NotFoundError) as e:

@@ -152,6 +152,8 @@ class HttpStoreClient:
             self._lean = KeepAliveClient(
                 self.base_url, headers={"Authorization": f"Bearer {resolved}"}, max_idle=max_connections
             )
+        # At most `max_connections` calls in flight on the lean client, as httpx's pool allows.
+        self._lean_slots = asyncio.Semaphore(max_connections)
 
     async def __aenter__(self) -> HttpStoreClient:
         return self
@@ -210,7 +212,8 @@ class HttpStoreClient:
         attempt = 0
         while True:
             try:
-                return await self._lean.post(path, content, self._timeout + wait_seconds)
+                async with self._lean_slots:
+                    return await self._lean.post(path, content, self._timeout + wait_seconds)
             except (OSError, TimeoutError) as exc:
                 # OSError from connecting (refused, unreachable): the request never left. A
                 # connection that broke mid-call (HTTPConnectionError) may have been applied.

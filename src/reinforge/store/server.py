@@ -232,6 +232,22 @@ class BodySizeLimit:
         await self.app(scope, limited_receive, send)
 
 
+class _StoreApp(FastAPI):
+    """FastAPI with a lean front: every request passes `front` (auth, body-size limit, the hot
+    routes) before FastAPI's own middleware stack, which only the other routes then pay for."""
+
+    front: ASGIApp | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.front is not None and scope["type"] == "http":
+            await self.front(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+    async def call_fastapi(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await super().__call__(scope, receive, send)
+
+
 class _StoreHolder:
     """Where the routes find the store; filled at start-up when the app was given a factory."""
 
@@ -280,7 +296,7 @@ def create_store_app(
             holder.set(None)
             await opened.close()
 
-    app = FastAPI(
+    app = _StoreApp(
         title="reinforge store",
         version="1",
         description="The shared store of a reinforge run: rollouts, attempts, spans and resources.",
@@ -290,11 +306,13 @@ def create_store_app(
     )
     app.state.store_holder = holder
     _add_body_schemas(app, _BODY_MODELS)
-    # The hot routes answer inside the auth and body-size checks, before FastAPI's routing.
-    app.add_middleware(HotRoutes, get_store=holder.get, prefix=STORE_PREFIX)
-    app.add_middleware(BodySizeLimit, max_body_bytes=max_body_bytes)
-    # Added last, so it runs first: a request without the token is refused before its body is read.
-    app.add_middleware(BearerAuth, token=token, prefix=STORE_PREFIX + "/")
+    # Auth runs first (a request without the token is refused before its body is read), then the
+    # body-size limit, then the hot routes; everything else goes on to FastAPI's own stack.
+    app.front = BearerAuth(
+        BodySizeLimit(HotRoutes(app.call_fastapi, holder.get, STORE_PREFIX), max_body_bytes),
+        token,
+        STORE_PREFIX + "/",
+    )
     _install_error_handlers(app)
 
     router = APIRouter(prefix=STORE_PREFIX, responses=_ERROR_RESPONSES)

@@ -222,8 +222,13 @@ class Trainer:
                     log.log(0, val_before)
                     progress.note("before training: " + _fmt(val_before))
             started = time.monotonic() - rl_seconds
+            last_step_s = 0.0
             while step < cfg.max_steps:
-                if cfg.max_minutes is not None and time.monotonic() - started > cfg.max_minutes * 60:
+                # Stop before a step that would likely end past the budget, not after it.
+                if (
+                    cfg.max_minutes is not None
+                    and time.monotonic() - started + last_step_s > cfg.max_minutes * 60
+                ):
                     break
                 spine.check_runners()
                 t0 = time.monotonic()
@@ -265,6 +270,7 @@ class Trainer:
                 if cfg.val_every and step % cfg.val_every == 0 and step < cfg.max_steps:
                     record.update(await validate(f"s{step}"))
                 record["time/rl_s"] = time.monotonic() - started
+                last_step_s = time.monotonic() - t0
                 log.log(step, record)
                 progress.advance(step, record)
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
