@@ -1,5 +1,8 @@
 """reinforge: train any AI agent with reinforcement learning, with (almost) no change to its code."""
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from reinforge.errors import (
     AuthenticationError,
     ConflictError,
@@ -27,8 +30,35 @@ from reinforge.types import (
 
 __version__ = "0.1.0"
 
+# Training pulls in torch and transformers (seconds to import). Runners, agents and the store server
+# don't need them, so these names load on first use.
+_LAZY = {
+    "Trainer": "reinforge.training",
+    "TrainerConfig": "reinforge.training",
+    "GRPO": "reinforge.algorithms",
+    "RLOO": "reinforge.algorithms",
+    "ReinforcePlusPlus": "reinforge.algorithms",
+    "PPO": "reinforge.algorithms",
+    "CreditConfig": "reinforge.credit",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reinforge' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+if TYPE_CHECKING:
+    from reinforge.algorithms import GRPO, PPO, RLOO, ReinforcePlusPlus
+    from reinforge.credit import CreditConfig
+    from reinforge.training import Trainer, TrainerConfig
+
 __all__ = [
+    "GRPO",
     "LLM",
+    "PPO",
+    "RLOO",
     "Agent",
     "Attempt",
     "AttemptOutcome",
@@ -36,10 +66,12 @@ __all__ = [
     "AuthenticationError",
     "CommandAgent",
     "ConflictError",
+    "CreditConfig",
     "InvalidRequestError",
     "LeasedRollout",
     "NotFoundError",
     "PayloadTooLargeError",
+    "ReinforcePlusPlus",
     "ReinforgeError",
     "ResourcesVersion",
     "Rollout",
@@ -50,6 +82,8 @@ __all__ = [
     "Span",
     "StaleAttemptError",
     "StoreUnavailableError",
+    "Trainer",
+    "TrainerConfig",
     "__version__",
     "agent",
     "emit_reward",

@@ -3,13 +3,44 @@
 trainer = reinforge.training.Trainer(model=m, tokenizer=tok, algorithm=GRPO(group_size=8),
                                      credit=CreditConfig(mode="merged"), runners=1, max_steps=50)
 result = trainer.fit(agent, train_dataset, val_dataset)
+
+The names load on first use: `reinforge.training.cli` is imported by every `reinforge` command, and
+torch plus transformers take seconds to import, which `reinforge store serve` should not pay.
 """
 
-from reinforge.training.config import LoraSettings, TrainerConfig
-from reinforge.training.metrics import MetricsLog, plot_reward_curve
-from reinforge.training.policy import Policy
-from reinforge.training.sft import SftConfig, SftExample, render_conversation, supervised_finetune
-from reinforge.training.trainer import FitResult, Trainer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from reinforge.training.config import LoraSettings, TrainerConfig
+    from reinforge.training.metrics import MetricsLog, plot_reward_curve
+    from reinforge.training.policy import Policy
+    from reinforge.training.sft import SftConfig, SftExample, render_conversation, supervised_finetune
+    from reinforge.training.trainer import FitResult, Trainer
+
+_WHERE = {
+    "FitResult": "trainer",
+    "LoraSettings": "config",
+    "MetricsLog": "metrics",
+    "Policy": "policy",
+    "SftConfig": "sft",
+    "SftExample": "sft",
+    "Trainer": "trainer",
+    "TrainerConfig": "config",
+    "plot_reward_curve": "metrics",
+    "render_conversation": "sft",
+    "supervised_finetune": "sft",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'reinforge.training' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"reinforge.training.{module}"), name)
+
 
 __all__ = [
     "FitResult",
