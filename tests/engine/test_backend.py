@@ -11,9 +11,9 @@ from transformers import PreTrainedTokenizerFast
 
 from reinforge.engine import Engine
 from reinforge.engine.backend import EngineBackend
-from reinforge.engine.tool_calls import parse_tool_calls, safe_prefix_len
 from reinforge.errors import InvalidRequestError
 from reinforge.gateway.backend import Backend, GenerationRequest, GenerationResult, SamplingParams, TextDelta
+from reinforge.gateway.tool_calls import parse_tool_calls, safe_prefix_len
 from reinforge.models import build_tokenizer, tiny_llama
 
 TOOLS = [

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import pytest
@@ -17,19 +16,23 @@ from reinforge.gateway.protocol import ResponsesBody, parse_body, responses_requ
 
 
 def test_parse_tool_calls() -> None:
-    text, calls, malformed = parse_tool_calls(
+    parsed = parse_tool_calls(
         'Sure.<tool_call>{"name": "calc", "arguments": {"x": 1}}</tool_call>'
         '<tool_call>{"name": "echo", "arguments": "{\\"y\\": 2}"}</tool_call>'
     )
-    assert (text, malformed) == ("Sure.", False)
-    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("calc", {"x": 1}), ("echo", {"y": 2})]
-    assert parse_tool_calls("plain") == ("plain", [], False)
+    assert (parsed.text, parsed.malformed) == ("Sure.", False)
+    # The arguments are the exact text the model wrote, so the next prompt extends its tokens.
+    assert [(c.name, c.arguments) for c in parsed.tool_calls] == [("calc", '{"x": 1}'), ("echo", '{"y": 2}')]
+    compact = parse_tool_calls('<tool_call>{"name":"calc","arguments":{"expression":"7+36"}}</tool_call>')
+    assert compact.tool_calls[0].arguments == '{"expression":"7+36"}'
+    assert (parse_tool_calls("plain").text, parse_tool_calls("plain").tool_calls) == ("plain", [])
     for broken in [
         '<tool_call>{"name": "calc", "arguments": {</tool_call>',
         "<tool_call>{",
         '<tool_call>{"a": 1}</tool_call>',
     ]:
-        assert parse_tool_calls(broken) == (broken, [], True)
+        result = parse_tool_calls(broken)
+        assert (result.text, result.tool_calls, result.malformed) == (broken, [], True)
 
 
 def test_tokens_are_per_attempt() -> None:
@@ -92,3 +95,10 @@ def test_scripted_backend_truncates_and_stops(tokenizer: Any) -> None:
     stopped = asyncio.run(run(stop=[","]))
     assert (stopped.text, stopped.finish_reason) == ("Hello there", "stop")
     assert stopped.completion_token_ids == tokenizer.encode("Hello there", add_special_tokens=False)
+
+
+def test_the_tiny_models_chat_template_uses_the_parsers_markers() -> None:
+    from reinforge.gateway import tool_calls
+    from reinforge.models import TOOL_CALL_END, TOOL_CALL_START
+
+    assert (TOOL_CALL_START, TOOL_CALL_END) == (tool_calls.TOOL_CALL_START, tool_calls.TOOL_CALL_END)

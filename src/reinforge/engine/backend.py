@@ -13,9 +13,9 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.engine.engine import Engine, EngineOutput
-from reinforge.engine.tool_calls import parse_tool_calls, safe_prefix_len
 from reinforge.errors import InvalidRequestError
 from reinforge.gateway.backend import GenerationRequest, GenerationResult, TextDelta
+from reinforge.gateway.tool_calls import parse_tool_calls, safe_prefix_len
 
 TURN_MARKERS = (
     "<|system|>",

@@ -335,7 +335,8 @@ class UpstreamBackend:
         malformed = False
         finish = _finish(meta.get("finish_reason"))
         if request.tools:
-            text, tool_calls, malformed = parse_tool_calls(text)
+            parsed = parse_tool_calls(text)
+            text, tool_calls, malformed = parsed.text, parsed.tool_calls, parsed.malformed
             if tool_calls and finish == "stop":
                 finish = "tool_calls"
         version = meta.get("weight_version")
