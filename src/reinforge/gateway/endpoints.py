@@ -101,21 +101,7 @@ class Endpoints:
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
             )
-        started, t0 = time.time(), time.perf_counter()
-        result = await g.generate(gen)
-        latency_ms = (time.perf_counter() - t0) * 1000
-        response = assemble(result)
-        await g.record_call(
-            request,
-            state,
-            endpoint="chat.completions",
-            body=data,
-            response=response,
-            result=result,
-            started=started,
-            latency_ms=latency_ms,
-        )
-        return _ok(response)
+        return await self._generate_and_record(request, state, "chat.completions", data, gen, assemble)
 
     async def _chat_stream(
         self,
@@ -212,21 +198,7 @@ class Endpoints:
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
             )
-        started, t0 = time.time(), time.perf_counter()
-        result = await g.generate(gen)
-        latency_ms = (time.perf_counter() - t0) * 1000
-        response = assemble(result)
-        await g.record_call(
-            request,
-            state,
-            endpoint="completions",
-            body=data,
-            response=response,
-            result=result,
-            started=started,
-            latency_ms=latency_ms,
-        )
-        return _ok(response)
+        return await self._generate_and_record(request, state, "completions", data, gen, assemble)
 
     async def _completion_stream(
         self,
@@ -305,22 +277,39 @@ class Endpoints:
                 media_type="text/event-stream",
                 headers=_SSE_HEADERS,
             )
+
+        def assemble(result: GenerationResult) -> dict[str, Any]:
+            return formats.responses_body(
+                response_id=response_id,
+                created=created,
+                model=model,
+                request=data,
+                status="completed",
+                output=formats.responses_output(result, new_id, self._responses_logprobs(data, result)),
+                result=result,
+            )
+
+        return await self._generate_and_record(request, state, "responses", data, gen, assemble)
+
+    async def _generate_and_record(
+        self,
+        request: Request,
+        state: AttemptState,
+        endpoint: str,
+        data: dict[str, Any],
+        gen: GenerationRequest,
+        assemble: Callable[[GenerationResult], dict[str, Any]],
+    ) -> Response:
+        """The non-streaming path every endpoint shares: generate, shape the body, record the call."""
+        g = self.g
         started, t0 = time.time(), time.perf_counter()
         result = await g.generate(gen)
         latency_ms = (time.perf_counter() - t0) * 1000
-        response = formats.responses_body(
-            response_id=response_id,
-            created=created,
-            model=model,
-            request=data,
-            status="completed",
-            output=formats.responses_output(result, new_id, self._responses_logprobs(data, result)),
-            result=result,
-        )
+        response = assemble(result)
         await g.record_call(
             request,
             state,
-            endpoint="responses",
+            endpoint=endpoint,
             body=data,
             response=response,
             result=result,

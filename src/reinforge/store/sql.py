@@ -477,7 +477,7 @@ class SqlStore:
             return 0
         batch = list(rows.values())
         if not self._s.postgres:
-            return await self._db.write(lambda conn: _insert_spans_sqlite(conn, batch))
+            return await self._db.write_bulk(lambda conn: _insert_spans_sqlite(conn, batch))
 
         def tx(conn: Connection, fx: _Effects) -> int:
             keys = ("span_id", "trace_id", "rollout_id", "attempt_id", "name", "body")

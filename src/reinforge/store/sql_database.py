@@ -82,6 +82,10 @@ class Database:
     async def write(self, fn: Callable[[Connection], R]) -> R:
         return await self._run(fn, write=True)
 
+    async def write_bulk(self, fn: Callable[[Connection], R]) -> R:
+        """A large write (a span batch) that small writes such as leases may overtake."""
+        return await self._run(fn, write=True)
+
     async def read(self, fn: Callable[[Connection], R]) -> R:
         return await self._run(fn, write=False)
 
@@ -106,6 +110,8 @@ class Database:
 class _Job:
     fn: Callable[[Connection], Any]
     future: asyncio.Future[Any]
+    bulk: bool = False
+    deferred: bool = False
 
 
 class SqliteDatabase(Database):
@@ -192,9 +198,15 @@ class SqliteDatabase(Database):
                         log.warning("SQLite checkpoint failed (%s); retrying", e)
 
     async def _run(self, fn: Callable[[Connection], R], *, write: bool) -> R:
+        return await self._queue(fn, bulk=False)
+
+    async def write_bulk(self, fn: Callable[[Connection], R]) -> R:
+        return await self._queue(fn, bulk=True)
+
+    async def _queue(self, fn: Callable[[Connection], R], *, bulk: bool) -> R:
         self._check_open()
         loop = asyncio.get_running_loop()
-        job = _Job(fn, loop.create_future())
+        job = _Job(fn, loop.create_future(), bulk)
         with self._pending_lock:
             group = self._pending.setdefault(loop, [])
             group.append(job)
@@ -208,6 +220,19 @@ class SqliteDatabase(Database):
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._pending_lock:
             pending = self._pending.pop(loop, [])
+            if any(not job.bulk for job in pending) and any(job.bulk and not job.deferred for job in pending):
+                # A span batch costs milliseconds; leases and finishes queued with it would wait for it,
+                # as their responses only leave after this callback. So a batch that just arrived waits
+                # one loop turn (once: it runs on the next turn whatever arrives meanwhile).
+                later = [job for job in pending if job.bulk and not job.deferred]
+                pending = [job for job in pending if not job.bulk or job.deferred]
+                for job in later:
+                    job.deferred = True
+                group = self._pending.setdefault(loop, [])
+                if not group:
+                    loop.call_soon(self._flush, loop)
+                group[:0] = later
+        pending.sort(key=lambda job: job.bulk)  # small writes first: an error in a batch can't delay them
         for i in range(0, len(pending), self._MAX_GROUP):
             group = pending[i : i + self._MAX_GROUP]
             try:
