@@ -1,14 +1,18 @@
-"""SQLite specifics: WAL, durability across a killed process, a nested run folder."""
+"""SQLite specifics: WAL, durability across a killed process, a nested run folder, write order."""
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from sqlalchemy import Connection
 
 from reinforge.errors import InvalidRequestError
 from reinforge.store import SqlStore
+from reinforge.store.sql_database import SqliteDatabase
 from reinforge.types import RolloutSpec
 
 from .durability import assert_acked_spans_present, write_until_killed
@@ -57,3 +61,36 @@ async def test_bad_urls_and_options_are_rejected(tmp_path: Path) -> None:
         await SqlStore.open(f"sqlite:///{tmp_path / 's.db'}", synchronous="OFF")  # type: ignore[arg-type]
     with pytest.raises(InvalidRequestError):
         await SqlStore.open("postgresql://root@127.0.0.1/test", schema="Bad-Name")
+
+
+async def test_small_writes_overtake_a_span_batch_queued_with_them(tmp_path: Path) -> None:
+    """A lease queued in the same loop turn as a span batch gets its answer before the batch runs;
+    the batch waits one turn only, even when small writes keep coming."""
+    db = SqliteDatabase(str(tmp_path / "order.db"), "NORMAL")
+    await db.start()
+    ran: list[str] = []
+
+    def job(name: str) -> Callable[[Connection], str]:
+        def fn(conn: Connection) -> str:
+            ran.append(name)
+            return str(conn.exec_driver_sql("SELECT 'ok'").scalar())
+
+        return fn
+
+    async def small_then_another() -> list[str]:
+        first = await db.write(job("small-1"))
+        seen = list(ran)  # what had run when the small write's caller resumed
+        await db.write(job("small-2"))  # arrives while the batch waits: it must not delay the batch again
+        return [first, *seen]
+
+    try:
+        bulk, seen = await asyncio.gather(db.write_bulk(job("bulk")), small_then_another())
+        assert bulk == "ok"
+        assert seen == ["ok", "small-1"]
+        assert ran == ["small-1", "small-2", "bulk"]
+        # Alone, a batch runs on the turn it was queued.
+        ran.clear()
+        assert await db.write_bulk(job("bulk-alone")) == "ok"
+        assert ran == ["bulk-alone"]
+    finally:
+        await db.close()

@@ -220,19 +220,27 @@ class SqliteDatabase(Database):
     def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._pending_lock:
             pending = self._pending.pop(loop, [])
-            if any(not job.bulk for job in pending) and any(job.bulk and not job.deferred for job in pending):
-                # A span batch costs milliseconds; leases and finishes queued with it would wait for it,
-                # as their responses only leave after this callback. So a batch that just arrived waits
-                # one loop turn (once: it runs on the next turn whatever arrives meanwhile).
-                later = [job for job in pending if job.bulk and not job.deferred]
-                pending = [job for job in pending if not job.bulk or job.deferred]
-                for job in later:
-                    job.deferred = True
+        later: list[_Job] = []
+        if any(not job.bulk for job in pending) and any(job.bulk and not job.deferred for job in pending):
+            # A span batch costs milliseconds; leases and finishes queued with it would wait for it,
+            # as their callers resume only after this callback. So a batch that just arrived waits
+            # one loop turn (once: it runs on the next turn whatever arrives meanwhile).
+            later = [job for job in pending if job.bulk and not job.deferred]
+            pending = [job for job in pending if not job.bulk or job.deferred]
+        pending.sort(key=lambda job: job.bulk)  # small writes first, in their own group when many
+        self._run_jobs(pending)
+        if later:
+            for job in later:
+                job.deferred = True
+            with self._pending_lock:
                 group = self._pending.setdefault(loop, [])
-                if not group:
-                    loop.call_soon(self._flush, loop)
+                first = not group
                 group[:0] = later
-        pending.sort(key=lambda job: job.bulk)  # small writes first: an error in a batch can't delay them
+            if first:
+                # Scheduled after the small writes' callers were woken, so they answer first.
+                loop.call_soon(self._flush, loop)
+
+    def _run_jobs(self, pending: list[_Job]) -> None:
         for i in range(0, len(pending), self._MAX_GROUP):
             group = pending[i : i + self._MAX_GROUP]
             try:
