@@ -55,8 +55,9 @@ def test_fit_trains_publishes_and_records_everything(tokenizer: Any, tmp_path: P
     result = trainer.fit(parity_agent, TRAIN, VAL)
 
     assert result.steps == 2 and result.policy_version == 2 and result.resumed_from is None
-    assert not torch.equal(weights(model), start)
     steps = [r for r in result.history if "train/reward" in r]
+    # Weights move exactly when some group had different rewards (a flat group has zero advantages).
+    assert (not torch.equal(weights(model), start)) == any(r["groups_flat"] < r["groups"] for r in steps)
     assert [r["step"] for r in steps] == [1, 2]
     assert [r["policy_version"] for r in steps] == [1, 2]
     for r in steps:
@@ -71,13 +72,13 @@ def test_fit_trains_publishes_and_records_everything(tokenizer: Any, tmp_path: P
 
 
 def test_resume_continues_from_the_last_checkpoint(tokenizer: Any, tmp_path: Path) -> None:
-    first = Trainer(small_model(tokenizer), tokenizer, algorithm=GRPO(group_size=2), config=config(tmp_path))
+    first = Trainer(small_model(tokenizer), tokenizer, algorithm=GRPO(group_size=4), config=config(tmp_path))
     first.fit(parity_agent, TRAIN, VAL)
     saved_meta, saved_policy, _ = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))  # type: ignore[arg-type]
 
     # A fresh process: new model object from the same warm start, more steps asked.
     model = small_model(tokenizer)
-    resumed = Trainer(model, tokenizer, algorithm=GRPO(group_size=2), config=config(tmp_path, max_steps=3))
+    resumed = Trainer(model, tokenizer, algorithm=GRPO(group_size=4), config=config(tmp_path, max_steps=3))
     result = resumed.fit(parity_agent, TRAIN, VAL)
     assert result.resumed_from == 2 and result.steps == 3 and result.policy_version == 3
     steps = [r["step"] for r in result.history if "train/reward" in r]
@@ -87,9 +88,13 @@ def test_resume_continues_from_the_last_checkpoint(tokenizer: Any, tmp_path: Pat
     meta, policy_state, _ = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))  # type: ignore[arg-type]
     assert meta.sampler == {"epoch": 0, "position": 6}
     assert saved_meta.step == 2 and meta.step == 3
-    assert any(
+    changed = any(
         not torch.equal(saved_policy["model"][k], policy_state["model"][k]) for k in policy_state["model"]
     )
+    # Step 3 moves the weights exactly when some step so far had a group with different rewards: a
+    # flat group has zero advantages, so zero gradient, and Adam's momentum is zero until one isn't.
+    learned = any(r["groups_flat"] < r["groups"] for r in result.history if "train/reward" in r)
+    assert changed == learned
 
 
 def test_resumed_state_equals_the_checkpoint(tokenizer: Any, tmp_path: Path) -> None:
