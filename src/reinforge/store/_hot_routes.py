@@ -15,12 +15,13 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reinforge.errors import AuthenticationError, InvalidRequestError, ReinforgeError, StoreUnavailableError
+from reinforge.store._adapters import ATTEMPT, LEASED, ROLLOUT
 from reinforge.store._http import (
     error_response,
     http_error_type,
@@ -31,15 +32,12 @@ from reinforge.store._http import (
 from reinforge.store._span_records import SpanRecord, parse_span_batch
 from reinforge.store._wire import MAX_BATCH, AddSpansRequest, HeartbeatRequest, LeaseRequest
 from reinforge.store.base import Store
-from reinforge.types import Attempt, AttemptOutcome, LeasedRollout, Rollout
+from reinforge.types import AttemptOutcome
 
 logger = logging.getLogger(__name__)
 
 _M = TypeVar("_M", bound=BaseModel)
 
-_ROLLOUT = TypeAdapter(Rollout)
-_ATTEMPT = TypeAdapter(Attempt)
-_LEASED = TypeAdapter(list[LeasedRollout])
 
 _ATTEMPTS = "/attempts/"
 _MAX_ID = 128
@@ -153,7 +151,7 @@ class HotRoutes:
             wait_seconds=body.wait_seconds,
             mode=body.mode,
         )
-        return json_response(_LEASED, leased)
+        return json_response(LEASED, leased)
 
     @staticmethod
     async def _spans(store: Store, raw: bytes) -> Response:
@@ -163,12 +161,12 @@ class HotRoutes:
     @staticmethod
     async def _heartbeat(store: Store, attempt_id: str, raw: bytes) -> Response:
         body = parse_body(HeartbeatRequest, raw)
-        return json_response(_ATTEMPT, await store.heartbeat(attempt_id, lease_seconds=body.lease_seconds))
+        return json_response(ATTEMPT, await store.heartbeat(attempt_id, lease_seconds=body.lease_seconds))
 
     @staticmethod
     async def _finish(store: Store, attempt_id: str, raw: bytes) -> Response:
         body = parse_body(AttemptOutcome, raw)
-        return json_response(_ROLLOUT, await store.finish_attempt(attempt_id, body))
+        return json_response(ROLLOUT, await store.finish_attempt(attempt_id, body))
 
 
 async def _read_body(receive: Receive) -> bytes:

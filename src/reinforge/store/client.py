@@ -22,10 +22,21 @@ from pydantic_core import PydanticSerializationError
 
 from reinforge import errors
 from reinforge.gateway.http11 import HTTPConnectionError, KeepAliveClient
+from reinforge.store._adapters import (
+    ADDED,
+    ATTEMPT,
+    ATTEMPT_PAGE,
+    COUNTERS,
+    LEASED,
+    RESOURCES,
+    ROLLOUT,
+    ROLLOUT_PAGE,
+    ROLLOUTS,
+    SPAN_PAGE,
+)
 from reinforge.store._wire import (
     MAX_WAIT_SECONDS,
     AddSpansRequest,
-    AddSpansResponse,
     EnqueueRequest,
     HeartbeatRequest,
     LeaseRequest,
@@ -52,16 +63,6 @@ from reinforge.types import (
 
 _T = TypeVar("_T")
 
-_ROLLOUT = TypeAdapter(Rollout)
-_ROLLOUTS = TypeAdapter(list[Rollout])
-_ATTEMPT = TypeAdapter(Attempt)
-_LEASED = TypeAdapter(list[LeasedRollout])
-_ROLLOUT_PAGE = TypeAdapter(Page[Rollout])
-_ATTEMPT_PAGE = TypeAdapter(Page[Attempt])
-_SPAN_PAGE = TypeAdapter(Page[Span])
-_RESOURCES = TypeAdapter(ResourcesVersion)
-_COUNTERS = TypeAdapter(StoreCounters)
-_ADDED = TypeAdapter(AddSpansResponse)
 
 _ID_CHUNK = 10_000
 """Id lists longer than this are sent in several calls (keeps each SQL `IN (...)` bounded)."""
@@ -242,7 +243,7 @@ class HttpStoreClient:
 
     async def enqueue_rollouts(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
         body = self._request(EnqueueRequest, specs=list(specs))
-        return await self._call("POST", "/store/rollouts/enqueue", _ROLLOUTS, body)
+        return await self._call("POST", "/store/rollouts/enqueue", ROLLOUTS, body)
 
     async def lease_rollouts(
         self,
@@ -264,27 +265,27 @@ class HttpStoreClient:
                 wait_seconds=this_wait,
                 mode=mode,
             )
-            leased = await self._call("POST", "/store/rollouts/lease", _LEASED, body, wait_seconds=this_wait)
+            leased = await self._call("POST", "/store/rollouts/lease", LEASED, body, wait_seconds=this_wait)
             if leased or remaining <= this_wait:
                 return leased
 
     async def heartbeat(self, attempt_id: str, lease_seconds: float = 60.0) -> Attempt:
         body = self._request(HeartbeatRequest, lease_seconds=lease_seconds)
         path = f"/store/attempts/{_segment(attempt_id)}/heartbeat"
-        return await self._call("POST", path, _ATTEMPT, body, idempotent=True)
+        return await self._call("POST", path, ATTEMPT, body, idempotent=True)
 
     async def finish_attempt(self, attempt_id: str, outcome: AttemptOutcome) -> Rollout:
         if outcome.reward is not None and not math.isfinite(outcome.reward):
             # JSON has no NaN/inf: refuse here, as a local store does, rather than send null.
             raise errors.InvalidRequestError(f"reward must be a finite number, got {outcome.reward}")
-        return await self._call("POST", f"/store/attempts/{_segment(attempt_id)}/finish", _ROLLOUT, outcome)
+        return await self._call("POST", f"/store/attempts/{_segment(attempt_id)}/finish", ROLLOUT, outcome)
 
     async def cancel_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
         ids = list(rollout_ids)
         cancelled: list[Rollout] = []
         for start in range(0, max(len(ids), 1), _ID_CHUNK):
             body = self._request(RolloutIdsRequest, rollout_ids=ids[start : start + _ID_CHUNK])
-            chunk: list[Rollout] = await self._call("POST", "/store/rollouts/cancel", _ROLLOUTS, body)
+            chunk: list[Rollout] = await self._call("POST", "/store/rollouts/cancel", ROLLOUTS, body)
             cancelled.extend(chunk)
         return cancelled
 
@@ -292,23 +293,23 @@ class HttpStoreClient:
         if not spans:
             return 0
         body = AddSpansRequest.model_construct(spans=list(spans))  # already validated Span objects
-        result = await self._call("POST", "/store/spans", _ADDED, body, idempotent=True)
+        result = await self._call("POST", "/store/spans", ADDED, body, idempotent=True)
         return result.added
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        return await self._call("GET", f"/store/rollouts/{_segment(rollout_id)}", _ROLLOUT, idempotent=True)
+        return await self._call("GET", f"/store/rollouts/{_segment(rollout_id)}", ROLLOUT, idempotent=True)
 
     async def get_attempt(self, attempt_id: str) -> Attempt:
-        return await self._call("GET", f"/store/attempts/{_segment(attempt_id)}", _ATTEMPT, idempotent=True)
+        return await self._call("GET", f"/store/attempts/{_segment(attempt_id)}", ATTEMPT, idempotent=True)
 
     async def query_rollouts(self, query: RolloutQuery) -> Page[Rollout]:
-        return await self._call("POST", "/store/rollouts/query", _ROLLOUT_PAGE, query, idempotent=True)
+        return await self._call("POST", "/store/rollouts/query", ROLLOUT_PAGE, query, idempotent=True)
 
     async def query_attempts(self, query: AttemptQuery) -> Page[Attempt]:
-        return await self._call("POST", "/store/attempts/query", _ATTEMPT_PAGE, query, idempotent=True)
+        return await self._call("POST", "/store/attempts/query", ATTEMPT_PAGE, query, idempotent=True)
 
     async def query_spans(self, query: SpanQuery) -> Page[Span]:
-        return await self._call("POST", "/store/spans/query", _SPAN_PAGE, query, idempotent=True)
+        return await self._call("POST", "/store/spans/query", SPAN_PAGE, query, idempotent=True)
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
         ids = list(dict.fromkeys(rollout_ids))
@@ -324,7 +325,7 @@ class HttpStoreClient:
                 pending = [i for i in chunk if i not in final]
                 body = self._request(WaitRequest, rollout_ids=pending, timeout_seconds=this_wait)
                 for rollout in await self._call(
-                    "POST", "/store/rollouts/wait", _ROLLOUTS, body, wait_seconds=this_wait, idempotent=True
+                    "POST", "/store/rollouts/wait", ROLLOUTS, body, wait_seconds=this_wait, idempotent=True
                 ):
                     final[rollout.rollout_id] = rollout
                 if all(i in final for i in chunk) or remaining <= this_wait:
@@ -335,14 +336,14 @@ class HttpStoreClient:
         self, resources: dict[str, object], version: int | None = None
     ) -> ResourcesVersion:
         body = self._request(PutResourcesRequest, resources=resources, version=version)
-        return await self._call("POST", "/store/resources", _RESOURCES, body)
+        return await self._call("POST", "/store/resources", RESOURCES, body)
 
     async def get_resources(self, version: int | None = None) -> ResourcesVersion:
         path = "/store/resources/latest" if version is None else f"/store/resources/{int(version)}"
-        return await self._call("GET", path, _RESOURCES, idempotent=True)
+        return await self._call("GET", path, RESOURCES, idempotent=True)
 
     async def counters(self) -> StoreCounters:
-        return await self._call("GET", "/store/counters", _COUNTERS, idempotent=True)
+        return await self._call("GET", "/store/counters", COUNTERS, idempotent=True)
 
     async def health(self) -> bool:
         """True when the server answers its health probe."""

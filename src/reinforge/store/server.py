@@ -17,13 +17,25 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from pydantic import BaseModel, TypeAdapter
+from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reinforge.dashboard import dashboard_html
 from reinforge.errors import AuthenticationError, ReinforgeError, StoreUnavailableError
+from reinforge.store._adapters import (
+    ADDED,
+    ATTEMPT,
+    ATTEMPT_PAGE,
+    COUNTERS,
+    LEASED,
+    RESOURCES,
+    ROLLOUT,
+    ROLLOUT_PAGE,
+    ROLLOUTS,
+    SPAN_PAGE,
+)
 from reinforge.store._hot_routes import HotRoutes, check_content_type, ingest_spans, parse_body
 from reinforge.store._http import (
     error_response,
@@ -71,16 +83,6 @@ StoreFactory = Callable[[], Awaitable[Store]]
 
 _T = TypeVar("_T")
 
-_ROLLOUT = TypeAdapter(Rollout)
-_ROLLOUTS = TypeAdapter(list[Rollout])
-_ATTEMPT = TypeAdapter(Attempt)
-_LEASED = TypeAdapter(list[LeasedRollout])
-_ROLLOUT_PAGE = TypeAdapter(Page[Rollout])
-_ATTEMPT_PAGE = TypeAdapter(Page[Attempt])
-_SPAN_PAGE = TypeAdapter(Page[Span])
-_RESOURCES = TypeAdapter(ResourcesVersion)
-_COUNTERS = TypeAdapter(StoreCounters)
-_ADDED = TypeAdapter(AddSpansResponse)
 
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     status: {"model": ErrorBody, "description": description}
@@ -380,7 +382,7 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
     async def enqueue_rollouts(request: Request) -> Response:
         """Add rollouts in one batch (idempotent for specs that carry a rollout_id)."""
         body = await read_body(request, EnqueueRequest)
-        return json_response(_ROLLOUTS, await holder.get().enqueue_rollouts(body.specs))
+        return json_response(ROLLOUTS, await holder.get().enqueue_rollouts(body.specs))
 
     @router.post(
         "/rollouts/lease",
@@ -398,7 +400,7 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
             wait_seconds=body.wait_seconds,
             mode=body.mode,
         )
-        return json_response(_LEASED, leased)
+        return json_response(LEASED, leased)
 
     @router.post(
         "/rollouts/cancel",
@@ -408,7 +410,7 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
     )
     async def cancel_rollouts(request: Request) -> Response:
         body = await read_body(request, RolloutIdsRequest)
-        return json_response(_ROLLOUTS, await holder.get().cancel_rollouts(body.rollout_ids))
+        return json_response(ROLLOUTS, await holder.get().cancel_rollouts(body.rollout_ids))
 
     @router.post(
         "/rollouts/wait",
@@ -420,7 +422,7 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
         """Block until every listed rollout is final or the timeout passes; returns the final ones."""
         body = await read_body(request, WaitRequest)
         done = await holder.get().wait_for_rollouts(body.rollout_ids, body.timeout_seconds)
-        return json_response(_ROLLOUTS, done)
+        return json_response(ROLLOUTS, done)
 
     @router.post(
         "/rollouts/query",
@@ -430,11 +432,11 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
     )
     async def query_rollouts(request: Request) -> Response:
         body = await read_body(request, RolloutQuery)
-        return json_response(_ROLLOUT_PAGE, await holder.get().query_rollouts(body))
+        return json_response(ROLLOUT_PAGE, await holder.get().query_rollouts(body))
 
     @router.get("/rollouts/{rollout_id:path}", response_model=Rollout, tags=["rollouts"])
     async def get_rollout(rollout_id: Annotated[str, Path(min_length=1, max_length=128)]) -> Response:
-        return json_response(_ROLLOUT, await holder.get().get_rollout(rollout_id))
+        return json_response(ROLLOUT, await holder.get().get_rollout(rollout_id))
 
     @router.post(
         "/attempts/{attempt_id:path}/heartbeat",
@@ -447,7 +449,7 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
     ) -> Response:
         body = await read_body(request, HeartbeatRequest)
         attempt = await holder.get().heartbeat(attempt_id, lease_seconds=body.lease_seconds)
-        return json_response(_ATTEMPT, attempt)
+        return json_response(ATTEMPT, attempt)
 
     @router.post(
         "/attempts/{attempt_id:path}/finish",
@@ -460,7 +462,7 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
     ) -> Response:
         """Report the end of an attempt; 409 when the attempt was superseded (nothing is counted)."""
         body = await read_body(request, AttemptOutcome)
-        return json_response(_ROLLOUT, await holder.get().finish_attempt(attempt_id, body))
+        return json_response(ROLLOUT, await holder.get().finish_attempt(attempt_id, body))
 
     @router.post(
         "/attempts/query",
@@ -470,11 +472,11 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
     )
     async def query_attempts(request: Request) -> Response:
         body = await read_body(request, AttemptQuery)
-        return json_response(_ATTEMPT_PAGE, await holder.get().query_attempts(body))
+        return json_response(ATTEMPT_PAGE, await holder.get().query_attempts(body))
 
     @router.get("/attempts/{attempt_id:path}", response_model=Attempt, tags=["attempts"])
     async def get_attempt(attempt_id: Annotated[str, Path(min_length=1, max_length=128)]) -> Response:
-        return json_response(_ATTEMPT, await holder.get().get_attempt(attempt_id))
+        return json_response(ATTEMPT, await holder.get().get_attempt(attempt_id))
 
     @router.post(
         "/spans", response_model=AddSpansResponse, tags=["spans"], openapi_extra=_body_doc(AddSpansRequest)
@@ -483,14 +485,14 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
         """Insert spans in one batch, idempotent by span_id; `added` counts the new ones."""
         check_content_type(request.headers.get("content-type", ""))
         added = await ingest_spans(holder.get(), await request.body())
-        return json_response(_ADDED, AddSpansResponse(added=added))
+        return json_response(ADDED, AddSpansResponse(added=added))
 
     @router.post(
         "/spans/query", response_model=Page[Span], tags=["spans"], openapi_extra=_body_doc(SpanQuery)
     )
     async def query_spans(request: Request) -> Response:
         body = await read_body(request, SpanQuery)
-        return json_response(_SPAN_PAGE, await holder.get().query_spans(body))
+        return json_response(SPAN_PAGE, await holder.get().query_spans(body))
 
     @router.post(
         "/resources",
@@ -502,17 +504,17 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
         """Store a resources version (the next number when version is null); 409 on conflicting reuse."""
         body = await read_body(request, PutResourcesRequest)
         put = await holder.get().put_resources(body.resources, version=body.version)
-        return json_response(_RESOURCES, put)
+        return json_response(RESOURCES, put)
 
     @router.get("/resources/latest", response_model=ResourcesVersion, tags=["resources"])
     async def get_latest_resources() -> Response:
-        return json_response(_RESOURCES, await holder.get().get_resources(None))
+        return json_response(RESOURCES, await holder.get().get_resources(None))
 
     @router.get("/resources/{version}", response_model=ResourcesVersion, tags=["resources"])
     async def get_resources(version: Annotated[int, Path(ge=0, le=MAX_STORED_INT)]) -> Response:
-        return json_response(_RESOURCES, await holder.get().get_resources(version))
+        return json_response(RESOURCES, await holder.get().get_resources(version))
 
     @router.get("/counters", response_model=StoreCounters, tags=["meta"])
     async def counters() -> Response:
         """Counts by status, spans and resources versions (for `reinforge store status`, the dashboard)."""
-        return json_response(_COUNTERS, await holder.get().counters())
+        return json_response(COUNTERS, await holder.get().counters())
