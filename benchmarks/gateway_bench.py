@@ -45,6 +45,7 @@ from baselines.procstat import cpu_seconds
 from reinforge import semconv
 from reinforge.gateway.app import create_gateway_app
 from reinforge.gateway.auth import attempt_token
+from reinforge.gateway.fastpath import GatewayHttpProtocol
 from reinforge.gateway.upstream import UpstreamBackend
 from reinforge.store.base import Store
 from reinforge.store.factory import open_store
@@ -82,7 +83,14 @@ def serve_gateway(upstream_url: str, store_url: str) -> None:
         backend = UpstreamBackend(upstream_url, "policy")
         app = create_gateway_app(store, backend, SECRET)
         port = int(os.environ["GATEWAY_BENCH_PORT"])
-        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            access_log=False,
+            http=GatewayHttpProtocol,  # as BackgroundServer (the trainer) serves it
+        )
         server = uvicorn.Server(config)
         loop = asyncio.get_running_loop()
 

@@ -49,6 +49,7 @@ from baselines.procstat import cpu_seconds
 
 from reinforge import semconv
 from reinforge.gateway.app import create_gateway_app
+from reinforge.gateway.fastpath import GatewayHttpProtocol
 from reinforge.gateway.upstream import UpstreamBackend
 from reinforge.runner import CommandAgent, Runner
 from reinforge.runner.llm import LLM
@@ -72,9 +73,15 @@ def serve_spine(upstream_url: str, db_url: str) -> None:
         app = create_store_app(store, os.environ["BENCH_STORE_TOKEN"])
         app.mount(GATEWAY_MOUNT, create_gateway_app(store, backend, os.environ["BENCH_GATEWAY_SECRET"]))
         port = int(os.environ["BENCH_PORT"])
-        server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False)
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            access_log=False,
+            http=GatewayHttpProtocol,  # as BackgroundServer (the trainer) serves it
         )
+        server = uvicorn.Server(config)
         loop = asyncio.get_running_loop()
 
         def stop_when_stdin_closes() -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 import uvicorn
 
+from reinforge.gateway.fastpath import GatewayHttpProtocol
+
 
 class BackgroundServer:
     """Serve `app` until `stop()`; usable as a context manager.
@@ -22,15 +24,15 @@ class BackgroundServer:
     ...     httpx.get(server.url + "/health")
     """
 
-    def __init__(
-        self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"
-    ) -> None:
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self._sock.bind((host, port))
         self.host = host
         self.port: int = self._sock.getsockname()[1]
-        config = uvicorn.Config(app, log_level=log_level, lifespan="on", access_log=False)
+        config = uvicorn.Config(
+            app, log_level=log_level, lifespan="on", access_log=False, http=GatewayHttpProtocol
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [self._sock]}, daemon=True

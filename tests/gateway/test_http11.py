@@ -90,3 +90,39 @@ async def test_a_truncated_response_is_an_error() -> None:
     listener.close()
     with pytest.raises(ValueError, match="plain http"):
         KeepAliveClient("https://example.invalid")
+
+
+async def test_a_silent_server_times_out_and_the_next_call_reconnects() -> None:
+    """The deadline covers the whole call; a timed-out connection is dropped, never reused."""
+    silent = asyncio.Event()
+    answered = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal answered
+        try:
+            head = await reader.readuntil(b"\r\n\r\n")
+            await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+            if not silent.is_set():
+                silent.set()
+                await reader.read()  # never answers this one; returns once the client gives up
+                return
+            answered += 1
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            await reader.read()
+        finally:
+            writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    client = KeepAliveClient(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        await client.post("/", b"{}", timeout=0.2)
+    assert 0.15 < loop.time() - started < 2.0
+    assert await client.post("/", b"{}", timeout=5) == (200, b"ok")
+    assert answered == 1
+    client.close()
+    listener.close()
+    await listener.wait_closed()
+    await asyncio.sleep(0.05)  # the handlers see the client's close and close their side

@@ -84,6 +84,7 @@ def create_gateway_app(
         openapi_url=None,
     )
     app.state.gateway = gateway
+    app.state.gateway_routes = routes  # served without the ASGI stack by fastpath.GatewayHttpProtocol
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)

@@ -10,6 +10,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from reinforge.gateway.backend import GenerationResult, ToolCall
 
 TokenTexts = Callable[[list[int]], list[str]]
@@ -21,8 +23,19 @@ def token_id_texts(ids: list[int]) -> list[str]:
     return [f"token_id:{i}" for i in ids]
 
 
+_ENCODER = msgspec.json.Encoder()
+
+
 def dumps(data: Any) -> bytes:
-    return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    """Compact UTF-8 JSON, by msgspec: several times faster than `json` for a response body.
+
+    Unlike `json`, a NaN or infinite float comes out as null (JSON has no literal for it; `json`'s
+    `NaN`/`-Infinity` break strict parsers such as JavaScript's `JSON.parse`).
+    """
+    try:
+        return _ENCODER.encode(data)
+    except (TypeError, OverflowError, ValueError):
+        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 def sse(data: Any) -> bytes:

@@ -72,10 +72,13 @@ class SpanRecorder:
         assert self._queue is not None
         self._pending[span.attempt_id] += 1
         try:
-            await self._queue.put(span)
-        except BaseException:
-            self._done(span.attempt_id, 1)
-            raise
+            self._queue.put_nowait(span)  # O(1), no coroutine: the common case, room in the queue
+        except asyncio.QueueFull:
+            try:
+                await self._queue.put(span)
+            except BaseException:
+                self._done(span.attempt_id, 1)
+                raise
         if self._queue.qsize() >= self._max_batch and self._hurry is not None:
             self._hurry.set()
 
