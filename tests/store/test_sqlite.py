@@ -11,9 +11,9 @@ import pytest
 from sqlalchemy import Connection
 
 from reinforge.errors import InvalidRequestError
-from reinforge.store import SqlStore
+from reinforge.store import SqlStore, sql_database
 from reinforge.store.sql_database import SqliteDatabase
-from reinforge.types import RolloutSpec
+from reinforge.types import RolloutSpec, Span, SpanQuery
 
 from .durability import assert_acked_spans_present, write_until_killed
 
@@ -27,6 +27,7 @@ async def test_file_is_created_in_wal_mode_in_a_new_folder(tmp_path: Path) -> No
         await store.close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == 4096
         assert conn.execute("SELECT rollout_id, status FROM rollouts").fetchall() == [("x", "queued")]
 
 
@@ -94,3 +95,38 @@ async def test_small_writes_overtake_a_span_batch_queued_with_them(tmp_path: Pat
         assert ran == ["bulk-alone"]
     finally:
         await db.close()
+
+
+async def test_wal_starts_over_under_a_steady_stream_of_commits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Commits back to back never leave SQLite a moment to start the WAL over by itself; the
+    checkpointer makes one, so the WAL stays far smaller than the data written through it."""
+    monkeypatch.setattr(sql_database, "_WAL_RESTART_BYTES", 512 * 1024)
+    monkeypatch.setattr(sql_database, "_CATCH_UP_BYTES", 8 * 1024 * 1024)
+    monkeypatch.setattr(sql_database, "_CHECKPOINT_SECONDS", 0.005)
+    monkeypatch.setattr(sql_database, "_QUICK_SYNC_SECONDS", 60.0)  # however slowly this disk syncs
+    path = tmp_path / "store.db"
+    wal = Path(f"{path}-wal")
+    store = await SqlStore.open(f"sqlite:///{path}")
+    attributes = {"token_ids": list(range(2000))}  # ~10 KB of JSON per span
+    largest = 0
+    salts: set[bytes] = set()  # the WAL header's salts change each time the WAL starts over
+    try:
+        for batch in range(300):  # ~60 MB of spans in ~200 KB commits, one after the other
+            spans = [
+                Span(rollout_id="r", attempt_id="a", name="llm", attributes=attributes) for _ in range(20)
+            ]
+            assert await store.add_spans(spans) == 20
+            if batch % 10 == 0:
+                largest = max(largest, wal.stat().st_size)
+                with wal.open("rb") as f:
+                    salts.add(f.read(24)[16:24])
+        page = await store.query_spans(SpanQuery(limit=1))
+        assert page.total == 300 * 20
+        assert page.items[0].attributes == attributes
+    finally:
+        await store.close()
+    assert len(salts) >= 3
+    # Without starting over, the WAL would hold every commit: about 100 MB.
+    assert 0 < largest < 48 * 1024 * 1024

@@ -1,7 +1,9 @@
 """The SQL store: SQLite (the embedded default, one file in the run folder) or PostgreSQL by URL.
 
 Each operation is one transaction function (`_*_tx`) run by `sql_database`; the async methods only
-check arguments, run the transaction, raise what it reports and fire the in-process wake-ups.
+check arguments, run the transaction, raise what it reports and fire the in-process wake-ups. On
+SQLite the calls every rollout makes (lease, finish, the expiry probe, span inserts) run on the raw
+sqlite3 cursor (`_sqlite_ops`); everything else goes through SQLAlchemy Core.
 Rows are locked in one order everywhere (rollout before attempt) so concurrent PostgreSQL stores
 can't deadlock, and leases take queued rows with `FOR UPDATE SKIP LOCKED`, so two stores never
 lease the same rollout.
@@ -13,6 +15,7 @@ sleep no later than the next lease deadline.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -30,7 +33,7 @@ from sqlalchemy import (
 )
 
 from reinforge.errors import ConflictError, InvalidRequestError, NotFoundError, StaleAttemptError
-from reinforge.store import _rules
+from reinforge.store import _rules, _sqlite_ops
 from reinforge.store._notify import Signal
 from reinforge.store._span_records import SpanRecord
 from reinforge.store.sql_database import Database, PostgresDatabase, Synchronous, open_database
@@ -185,6 +188,11 @@ class SqlStore:
     def _expire_tx(self, conn: Connection, fx: _Effects, now: float) -> None:
         """Time out running attempts whose lease passed; their rollouts retry or fail."""
         q = self._s
+        if not q.postgres:
+            # Nearly always nothing is due: one probe of the status/deadline index answers that.
+            with contextlib.closing(_sqlite_ops.cursor(conn)) as cur:
+                if cur.execute(_sqlite_ops.ANY_DUE, (now,)).fetchone() is None:
+                    return
         due = conn.execute(q.expire_due, {"now": now}).scalars().all()
         if not due:
             return
@@ -310,6 +318,9 @@ class SqlStore:
         now = time.time()
         self._expire_tx(conn, fx, now)
         q = self._s
+        if not q.postgres:
+            leased = self._lease_sqlite(conn, runner_id, max_rollouts, now + lease_seconds, mode, now)
+            return leased, None if leased else self._next_deadline_tx(conn)
         if mode is None:
             rows = conn.execute(q.lease_any, {"n": max_rollouts}).all()
         else:
@@ -347,6 +358,46 @@ class SqlStore:
         conn.execute(q.lease_rollouts, rollout_rows)
         return out, None
 
+    @staticmethod
+    def _lease_sqlite(
+        conn: Connection,
+        runner_id: str,
+        max_rollouts: int,
+        deadline: float,
+        mode: RolloutMode | None,
+        now: float,
+    ) -> list[LeasedRollout]:
+        """`_lease_tx` on the raw cursor (see `_sqlite_ops`)."""
+        with contextlib.closing(_sqlite_ops.cursor(conn)) as cur:
+            if mode is None:
+                rows = cur.execute(_sqlite_ops.LEASE_ANY, (max_rollouts,)).fetchall()
+            else:
+                rows = cur.execute(_sqlite_ops.LEASE_MODE, (mode.value, max_rollouts)).fetchall()
+            out: list[LeasedRollout] = []
+            attempt_rows, rollout_rows = [], []
+            for row in rows:
+                seq, rollout = _sqlite_ops.rollout_from_values(row)
+                rollout.attempt_count += 1
+                rollout.status = RolloutStatus.running
+                rollout.updated_at = now
+                attempt = Attempt(
+                    attempt_id=new_id(),
+                    rollout_id=rollout.rollout_id,
+                    attempt_no=rollout.attempt_count,
+                    runner_id=runner_id,
+                    started_at=now,
+                    lease_deadline=deadline,
+                    last_heartbeat=now,
+                )
+                aid, number = attempt.attempt_id, attempt.attempt_no
+                attempt_rows.append((aid, seq, rollout.rollout_id, number, runner_id, now, deadline, now))
+                rollout_rows.append((number, aid, now, seq))
+                out.append(LeasedRollout(rollout=rollout, attempt=attempt))
+            if out:
+                cur.executemany(_sqlite_ops.INSERT_ATTEMPT, attempt_rows)
+                cur.executemany(_sqlite_ops.LEASE_ROLLOUT, rollout_rows)
+            return out
+
     async def heartbeat(self, attempt_id: str, lease_seconds: float = 60.0) -> Attempt:
         _rules.check_lease_seconds(lease_seconds)
 
@@ -371,23 +422,12 @@ class SqlStore:
         def tx(conn: Connection, fx: _Effects) -> Rollout | _Raise:
             now = time.time()
             self._expire_tx(conn, fx, now)
-            q = self._s
-            row = conn.execute(q.finish_rollout, {"aid": attempt_id}).first()
-            if row is None:
+            found = self._finish_find_tx(conn, attempt_id)
+            if found is None:
                 return _Raise(NotFoundError(f"attempt {attempt_id!r} not found"))
-            done = conn.execute(
-                q.finish_attempt,
-                {
-                    "aid": attempt_id,
-                    "now": now,
-                    "b_status": outcome.status.value,
-                    "b_reward": outcome.reward,
-                    "b_error": outcome.error,
-                },
-            ).first()
-            if done is None:
+            seq, rollout = found
+            if not self._finish_attempt_tx(conn, attempt_id, outcome, now):
                 return _Raise(self._attempt_problem(conn, attempt_id))
-            rollout = rollout_from_row(row)
             status = _rules.after_finish(outcome, rollout.attempt_count, rollout.max_attempts)
             rollout.status = status
             rollout.updated_at = now
@@ -395,22 +435,45 @@ class SqlStore:
             if status.is_final:
                 rollout.finished_at = now
                 rollout.reward = outcome.reward
-            conn.execute(
-                q.finish_update_rollout,
-                {
-                    "b_seq": row.seq,
-                    "b_status": status.value,
-                    "now": now,
-                    "b_error": rollout.error,
-                    "b_finished": rollout.finished_at,
-                    "b_reward": rollout.reward,
-                },
-            )
+            self._finish_rollout_tx(conn, seq, rollout, now)
             fx.queued |= status is RolloutStatus.queued
             fx.finalised |= status.is_final
             return rollout
 
         return await self._write(tx)
+
+    # A finish's three statements; on SQLite on the raw cursor (see `_sqlite_ops`).
+
+    def _finish_find_tx(self, conn: Connection, attempt_id: str) -> tuple[int, Rollout] | None:
+        """(seq, rollout) of the attempt's rollout, locked on PostgreSQL."""
+        if self._s.postgres:
+            row = conn.execute(self._s.finish_rollout, {"aid": attempt_id}).first()
+            return None if row is None else (row.seq, rollout_from_row(row))
+        with contextlib.closing(_sqlite_ops.cursor(conn)) as cur:
+            found = cur.execute(_sqlite_ops.FINISH_ROLLOUT, (attempt_id,)).fetchone()
+        return None if found is None else _sqlite_ops.rollout_from_values(found)
+
+    def _finish_attempt_tx(
+        self, conn: Connection, attempt_id: str, outcome: AttemptOutcome, now: float
+    ) -> bool:
+        """Record the outcome on the attempt if it is still running; False if it is not."""
+        values = (outcome.status.value, now, outcome.reward, outcome.error, attempt_id)
+        if self._s.postgres:
+            keys = ("b_status", "now", "b_reward", "b_error", "aid")
+            return (
+                conn.execute(self._s.finish_attempt, dict(zip(keys, values, strict=True))).first() is not None
+            )
+        with contextlib.closing(_sqlite_ops.cursor(conn)) as cur:
+            return cur.execute(_sqlite_ops.FINISH_ATTEMPT, values).fetchone() is not None
+
+    def _finish_rollout_tx(self, conn: Connection, seq: int, rollout: Rollout, now: float) -> None:
+        values = (rollout.status.value, now, rollout.error, rollout.finished_at, rollout.reward, seq)
+        if self._s.postgres:
+            keys = ("b_status", "now", "b_error", "b_finished", "b_reward", "b_seq")
+            conn.execute(self._s.finish_update_rollout, dict(zip(keys, values, strict=True)))
+            return
+        with contextlib.closing(_sqlite_ops.cursor(conn)) as cur:
+            cur.execute(_sqlite_ops.FINISH_UPDATE_ROLLOUT, values)
 
     async def cancel_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
         ids = _rules.check_ids(rollout_ids, "rollout_ids")
