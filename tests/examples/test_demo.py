@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+from transformers import PreTrainedTokenizerBase
 from typer.testing import CliRunner
 
 from reinforge.cli import app
+from reinforge.demo.calculator import CALCULATOR_TOOL, calculate, call_calculator
 from reinforge.demo.run import DemoSettings, run_demo
-from reinforge.demo.traces import TraceMix
+from reinforge.demo.tasks import val_tasks
+from reinforge.demo.traces import TraceMix, tool_call_message, tool_result_message
 from reinforge.demo.warm_start import (
     SHIPPED_WARM_START,
     SftPhase,
@@ -19,7 +25,10 @@ from reinforge.demo.warm_start import (
     build_warm_start,
     load_warm_start,
 )
+from reinforge.engine import Engine
 from reinforge.errors import InvalidRequestError
+from reinforge.gateway.backend import SamplingParams
+from reinforge.gateway.tool_calls import parse_tool_calls
 from reinforge.models import CHAT_TEMPLATE
 from reinforge.training.sft import SftConfig
 
@@ -88,3 +97,64 @@ def test_demo_command_prints_the_result_line(tiny_warm_start: Path, tmp_path: Pa
     assert RESULT.match(out.output.strip().splitlines()[-1])
     bad = CliRunner().invoke(app, ["demo", "--run-dir", str(run_dir), "--credit-mode", "sideways"])
     assert bad.exit_code == 2 and "error" in bad.output
+
+
+def _expression(step: list[object]) -> str:
+    return "".join(str(part) for part in step)
+
+
+async def _two_calls(engine: Engine, tokenizer: PreTrainedTokenizerBase, task: dict[str, Any]) -> list[str]:
+    """Greedy episode with the calculator, forced to continue after the first result: the calls made."""
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task["question"]}]
+    calls: list[str] = []
+    for turn in range(2):
+        text = tokenizer.apply_chat_template(
+            messages, tools=[CALCULATOR_TOOL], tokenize=False, add_generation_prompt=True
+        )
+        ids = tokenizer(str(text), add_special_tokens=False)["input_ids"]
+        forced = "<tool_call>" if turn == 1 else ""
+        ids += tokenizer(forced, add_special_tokens=False)["input_ids"] if forced else []
+        out = await engine.generate(ids, SamplingParams(temperature=0.0, max_tokens=40))
+        parsed = parse_tool_calls(forced + out.text)
+        if not parsed.tool_calls:
+            break
+        call = parsed.tool_calls[0]
+        calls.append(json.loads(call.arguments)["expression"])
+        messages.append(tool_call_message(f"call_{turn}", calls[-1]))
+        messages.append(tool_result_message(f"call_{turn}", str(call_calculator(call.arguments))))
+    return calls
+
+
+def _prompt_after_first_result(tokenizer: PreTrainedTokenizerBase, task: dict[str, Any]) -> list[int]:
+    first = _expression(task["steps"][0])
+    history = [
+        {"role": "user", "content": task["question"]},
+        tool_call_message("call_0", first),
+        tool_result_message("call_0", str(calculate(first))),
+    ]
+    text = tokenizer.apply_chat_template(
+        history, tools=[CALCULATOR_TOOL], tokenize=False, add_generation_prompt=True
+    )
+    return list(tokenizer(str(text), add_special_tokens=False)["input_ids"])
+
+
+def test_shipped_warm_start_copies_right_but_answers_too_early() -> None:
+    """The design RL has to undo: greedy answers right after the first calculator result (so greedy
+    success starts near 0), although the model makes both calls right when it does continue."""
+    model, tokenizer = load_warm_start()
+    tasks = val_tasks(40)
+    greedy = SamplingParams(temperature=0.0, max_tokens=40)
+
+    async def run() -> tuple[list[list[str]], list[str]]:
+        with Engine(model, tokenizer, max_batch_size=64) as engine:
+            forced = await asyncio.gather(*[_two_calls(engine, tokenizer, t) for t in tasks])
+            replies = await asyncio.gather(
+                *[engine.generate(_prompt_after_first_result(tokenizer, t), greedy) for t in tasks]
+            )
+        return list(forced), [r.text for r in replies]
+
+    forced, after_first = asyncio.run(run())
+    right = sum(calls == [_expression(s) for s in t["steps"]] for calls, t in zip(forced, tasks, strict=True))
+    assert right >= 0.9 * len(tasks)
+    answered_early = sum(not parse_tool_calls(text).tool_calls for text in after_first)
+    assert answered_early >= 0.8 * len(tasks)

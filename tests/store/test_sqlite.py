@@ -27,7 +27,7 @@ async def test_file_is_created_in_wal_mode_in_a_new_folder(tmp_path: Path) -> No
         await store.close()
     with sqlite3.connect(path) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-        assert conn.execute("PRAGMA page_size").fetchone()[0] == 4096
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == 16384
         assert conn.execute("SELECT rollout_id, status FROM rollouts").fetchall() == [("x", "queued")]
 
 

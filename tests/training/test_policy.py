@@ -9,7 +9,14 @@ from typing import Any
 import pytest
 import torch
 
-from reinforge.algorithms import GRPO, PPO, compute_token_logprobs
+from reinforge.algorithms import (
+    GRPO,
+    PPO,
+    collate_transitions,
+    compute_token_logprobs,
+    loss_scales,
+    policy_loss,
+)
 from reinforge.errors import InvalidRequestError
 from reinforge.training.config import LoraSettings
 from reinforge.training.policy import Policy
@@ -150,3 +157,62 @@ def test_update_refuses_transitions_without_advantages(tokenizer: Any) -> None:
     policy = Policy(model, GRPO(), pad_token_id=0, learning_rate=1e-3)
     with pytest.raises(InvalidRequestError):
         policy.update(batch)
+
+
+def flat_group(model: Any, pad: int, n: int = 8) -> list[Transition]:
+    """A group whose rewards are all equal: zero advantages, so zero loss and zero gradient."""
+    return [
+        t.model_copy(update={"rollout_id": f"f{i}", "group_id": "flat", "reward": 1.0, "advantage": 0.0})
+        for i, t in enumerate(transitions(model, pad, n=n, seed=7))
+    ]
+
+
+def test_rows_without_signal_skip_the_forward_and_leave_the_gradient(tokenizer: Any) -> None:
+    model = small_model(tokenizer)
+    algo = GRPO(group_size=8)
+    batch = transitions(model, tokenizer.pad_token_id) + flat_group(model, tokenizer.pad_token_id)
+    policy = Policy(copy.deepcopy(model), algo, pad_token_id=0, learning_rate=1e-3, max_grad_norm=None)
+    metrics = policy.update(batch)
+    assert metrics["update/rows_without_signal"] == 8
+    assert metrics["tokens"] == sum(len(t.response_ids) for t in batch)
+    got = torch.cat([p.grad.flatten() for p in policy.model.parameters() if p.grad is not None])
+
+    # By hand: every row through the ordinary forward, scales over the whole batch.
+    reference = copy.deepcopy(model).train()
+    rows = collate_transitions(batch, 0)
+    lp = compute_token_logprobs(
+        reference, rows.input_ids, rows.attention_mask, rows.response_mask, with_entropy=True
+    ).logprobs
+    loss, _ = policy_loss(
+        lp,
+        rows.behaviour_logprobs,
+        rows.advantages,
+        rows.response_mask,
+        algo,
+        old_logprobs=lp.detach(),
+        scales=torch.tensor(loss_scales(batch, algo)),
+    )
+    loss.backward()
+    want = torch.cat([p.grad.flatten() for p in reference.parameters() if p.grad is not None])
+    assert float((got - want).norm() / want.norm()) < 1e-5
+
+
+def test_an_all_flat_batch_still_takes_the_optimiser_step(tokenizer: Any) -> None:
+    """AdamW moves the weights on a zero gradient once it has momentum: skipping every row must not
+    skip that step."""
+    model = small_model(tokenizer)
+    pad = tokenizer.pad_token_id
+    signal, flat = transitions(model, pad), flat_group(model, pad)
+    policy = Policy(copy.deepcopy(model), GRPO(group_size=8), pad_token_id=0, learning_rate=1e-2)
+    by_hand = Policy(copy.deepcopy(model), GRPO(group_size=8), pad_token_id=0, learning_rate=1e-2)
+    policy.update(signal)
+    by_hand.update(signal)
+    after_signal = [p.detach().clone() for p in policy.model.parameters()]
+    metrics = policy.update(flat)
+    assert metrics["update/rows_without_signal"] == 8 and metrics["update/grad_norm"] == 0.0
+    for p in by_hand.model.parameters():
+        p.grad = torch.zeros_like(p)
+    by_hand.optimizer.step()
+    for a, b in zip(policy.model.parameters(), by_hand.model.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert any(not torch.equal(a, b) for a, b in zip(policy.model.parameters(), after_signal, strict=True))

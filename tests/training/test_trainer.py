@@ -149,3 +149,54 @@ def test_lora_fit_trains_adapters_only(tokenizer: Any, tmp_path: Path) -> None:
         k.replace("base_model.model.", "").replace(".base_layer", ""): v for k, v in state["model"].items()
     }
     assert all(torch.equal(base[k], v) for k, v in start.items() if k in base)
+
+
+async def _store_snapshot(run_dir: Path) -> tuple[dict[str, int], list[tuple[str, int]]]:
+    """Rollout counts by status, and (rollout id, policy version) of every recorded LLM call."""
+    from reinforge import semconv
+    from reinforge.store.factory import open_store
+    from reinforge.types import SpanQuery
+
+    store = await open_store(f"sqlite:///{(run_dir / 'store.db').resolve()}")
+    try:
+        counters = await store.counters()
+        page = await store.query_spans(SpanQuery(name=semconv.SPAN_LLM_CALL, limit=1000))
+        calls = [(s.rollout_id or "", int(s.attributes[semconv.ATTR_POLICY_VERSION])) for s in page.items]
+        return {k.value: v for k, v in counters.rollouts_by_status.items()}, calls
+    finally:
+        await store.close()
+
+
+def test_overlapped_rollouts_train_one_version_behind_and_leave_nothing_running(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    import asyncio
+
+    trainer = Trainer(
+        small_model(tokenizer),
+        tokenizer,
+        algorithm=GRPO(group_size=4),
+        config=config(tmp_path, max_steps=3, overlap_rollouts=True),
+    )
+    result = trainer.fit(parity_agent, TRAIN)
+    steps = [r for r in result.history if "train/reward" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3] and result.policy_version == 3
+    assert all(r["train/rollouts"] == 8 and r["credit/transitions"] == 8 for r in steps)
+    by_status, calls = asyncio.run(_store_snapshot(tmp_path))
+    # Three steps of 2 tasks x 4, each started before the previous update: nothing was started for a
+    # step that did not run (max_steps bounds it), and nothing is left queued or running.
+    assert by_status == {"succeeded": 24}
+    versions: dict[int, set[int]] = {}
+    for rollout_id, version in calls:
+        step = int(rollout_id.split("-s")[1].split("-")[0])
+        versions.setdefault(step, set()).add(version)
+    # Step n's calls ran on version n - 2 (started during update n - 1) or n - 1 (after its publish).
+    assert versions[1] == {0}
+    for n in (2, 3):
+        assert versions[n] <= {n - 2, n - 1}
+    # The data position checkpointed is after the last trained step, not after one started ahead:
+    # step 2's checkpoint was written with step 3's tasks already drawn.
+    meta, _, _ = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))  # type: ignore[arg-type]
+    assert meta.sampler == {"epoch": 0, "position": 6}
+    meta, _, _ = load_checkpoint(tmp_path / "checkpoints" / "step-000002")
+    assert meta.step == 2 and meta.sampler == {"epoch": 0, "position": 4}

@@ -40,7 +40,10 @@ class SftPhase(BaseModel):
 class WarmStartConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    num_traces: int = Field(default=6000, ge=1)
+    num_traces: int = Field(default=20000, ge=1)
+    """Distinct training questions. With 6,000 the copy phase saw each one five times and the second
+    calculator call stayed at 69% exact on precedence conflicts; 20,000 (each seen about six times at
+    batch 64) reached 98%."""
     vocab_size: int = Field(default=320, ge=270)
     special_tokens: list[str] = Field(default_factory=lambda: [TOOL_CALL_PREFIX, "ANSWER: "])
     """Fixed strings made single tokens. Byte-level BPE cannot merge across punctuation, so the
@@ -57,7 +60,7 @@ class WarmStartConfig(BaseModel):
             # Copying first: every trace makes both calculator calls, so every example teaches the
             # operand copying (the skill that takes the steps) and none teaches guessing yet.
             SftPhase(
-                sft=SftConfig(steps=1000, batch_size=32, learning_rate=3e-3, warmup_steps=30, seed=0),
+                sft=SftConfig(steps=2000, batch_size=64, learning_rate=3e-3, warmup_steps=30, seed=0),
                 mix=TraceMix(guess=0.0, whole_expression=0.0, answer_early=0.0),
             ),
             # Then the designed decision biases (guessing, answering early), without left-to-right
@@ -65,7 +68,7 @@ class WarmStartConfig(BaseModel):
             # drowned the right "a op result" there.
             SftPhase(
                 sft=SftConfig(steps=400, batch_size=32, learning_rate=1e-3, warmup_steps=10, seed=2),
-                mix=TraceMix(left_to_right=0.0),
+                mix=TraceMix(left_to_right=0.0, answer_early=0.7),
             ),
         ],
         min_length=1,

@@ -7,6 +7,8 @@ are exactly the engine's: the gateway records them and the trainer trains on the
 
 from __future__ import annotations
 
+import json
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -30,6 +32,11 @@ TURN_MARKERS = (
 someone else's message). Only those in the tokenizer's vocabulary are used."""
 
 
+RENDER_CACHE_SIZE = 4096
+"""Rendered chat prompts kept: a group's rollouts, and every conversation's next call, send the same
+messages again, and rendering (jinja + tokenizer) is most of what the gateway's thread does per call."""
+
+
 class EngineBackend:
     """Backend for the gateway on top of an `Engine` (started on first use)."""
 
@@ -44,6 +51,7 @@ class EngineBackend:
         self.model_name = model_name
         vocab = self.tokenizer.get_vocab()
         self._turn_stop_ids = sorted({vocab[m] for m in TURN_MARKERS if m in vocab})
+        self._rendered: OrderedDict[str, tuple[int, ...]] = OrderedDict()
 
     def _prepare(self, request: GenerationRequest) -> tuple[list[int], GenerationRequest, bool]:
         """Prompt ids, the request with chat stop ids added, and whether to parse tool calls."""
@@ -70,6 +78,24 @@ class EngineBackend:
         return prompt_ids, request, use_tools and request.messages is not None
 
     def _render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
+        """The prompt ids of `messages` with `tools`, rendered by the chat template (cached by value)."""
+        try:
+            key: str | None = json.dumps([messages, tools], ensure_ascii=False)
+        except (TypeError, ValueError):  # not JSON (a caller's own objects): render without the cache
+            key = None
+        if key is not None and (hit := self._rendered.get(key)) is not None:
+            self._rendered.move_to_end(key)
+            return list(hit)
+        ids = self._render_uncached(messages, tools)
+        if key is not None:
+            self._rendered[key] = tuple(ids)
+            if len(self._rendered) > RENDER_CACHE_SIZE:
+                self._rendered.popitem(last=False)
+        return ids
+
+    def _render_uncached(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+    ) -> list[int]:
         if not messages:
             raise InvalidRequestError("messages must not be empty")
         for i, m in enumerate(messages):

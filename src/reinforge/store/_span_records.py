@@ -15,13 +15,12 @@ from __future__ import annotations
 import math
 import re
 import time
-import uuid
 from dataclasses import dataclass
 
 import msgspec
 from pydantic import TypeAdapter, ValidationError
 
-from reinforge.types import Span, SpanEvent, SpanKind, SpanStatus
+from reinforge.types import Span, SpanEvent, SpanKind, SpanStatus, new_ordered_id, new_span_id
 
 _SPAN_ID = re.compile(r"[0-9a-f]{16}")
 _TRACE_ID = re.compile(r"[0-9a-f]{32}")
@@ -108,8 +107,8 @@ def _record(item: _SpanIn) -> SpanRecord | None:
         or attributes.count(b"{") + attributes.count(b"[") > _MAX_OPENERS
     ):
         return None
-    span_id = uuid.uuid4().hex[:16] if item.span_id is msgspec.UNSET else item.span_id
-    trace_id = uuid.uuid4().hex if item.trace_id is msgspec.UNSET else item.trace_id
+    span_id = new_span_id() if item.span_id is msgspec.UNSET else item.span_id
+    trace_id = new_ordered_id() if item.trace_id is msgspec.UNSET else item.trace_id
     start_time = time.time() if item.start_time is msgspec.UNSET else item.start_time
     if (
         not _SPAN_ID.fullmatch(span_id)

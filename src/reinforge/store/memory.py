@@ -41,7 +41,7 @@ from reinforge.types import (
     Span,
     SpanQuery,
     StoreCounters,
-    new_id,
+    new_ordered_id,
 )
 
 M = TypeVar("M", bound=BaseModel)
@@ -92,7 +92,7 @@ class MemoryStore:
             self._check_open()
             now = time.time()
             for spec in frozen:
-                rid = spec.rollout_id or new_id()
+                rid = spec.rollout_id or new_ordered_id()
                 existing = self._rollouts.get(rid)
                 if existing is None:
                     existing = Rollout(
@@ -152,7 +152,7 @@ class MemoryStore:
                 rollout.status = RolloutStatus.running
                 rollout.updated_at = now
                 attempt = Attempt(
-                    attempt_id=new_id(),
+                    attempt_id=new_ordered_id(),
                     rollout_id=rid,
                     attempt_no=rollout.attempt_count,
                     runner_id=runner_id,

@@ -64,7 +64,7 @@ from reinforge.types import (
     Span,
     SpanQuery,
     StoreCounters,
-    new_id,
+    new_ordered_id,
 )
 
 R = TypeVar("R")
@@ -249,7 +249,7 @@ class SqlStore:
         wanted: list[str] = []
         rows: dict[str, dict[str, Any]] = {}
         for spec in specs:
-            rid = spec.rollout_id or new_id()
+            rid = spec.rollout_id or new_ordered_id()
             wanted.append(rid)
             if rid in rows:
                 continue
@@ -336,7 +336,7 @@ class SqlStore:
             rollout.status = RolloutStatus.running
             rollout.updated_at = now
             attempt = Attempt(
-                attempt_id=new_id(),
+                attempt_id=new_ordered_id(),
                 rollout_id=rollout.rollout_id,
                 attempt_no=rollout.attempt_count,
                 runner_id=runner_id,
@@ -381,7 +381,7 @@ class SqlStore:
                 rollout.status = RolloutStatus.running
                 rollout.updated_at = now
                 attempt = Attempt(
-                    attempt_id=new_id(),
+                    attempt_id=new_ordered_id(),
                     rollout_id=rollout.rollout_id,
                     attempt_no=rollout.attempt_count,
                     runner_id=runner_id,

@@ -47,6 +47,12 @@ class TrainerConfig(BaseModel):
         engine_max_batch_size: sequences the embedded engine decodes together.
         engine_max_seq_len: the longest prompt + completion the engine serves (sizes its KV cache).
         progress: show a progress bar on the terminal.
+        overlap_rollouts: start the next step's rollouts before this step's policy update, so the
+            engine generates while the trainer updates. Those rollouts are sampled by the policy
+            one version behind the one they update (or by the new one, for calls that start after
+            the weights are published): the behaviour logprobs recorded with each token and the
+            loss's truncated importance weights (`tis_cap`) correct for the lag, but it is no
+            longer strictly on-policy, so it is off by default.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -77,6 +83,7 @@ class TrainerConfig(BaseModel):
     engine_max_batch_size: int = Field(default=64, ge=1)
     engine_max_seq_len: int = Field(default=512, ge=16)
     progress: bool = True
+    overlap_rollouts: bool = False
 
     @property
     def store_location(self) -> str:

@@ -4,6 +4,12 @@ One `update` is one optimiser step per epoch over a step's transitions: micro-ba
 gradients accumulated with loss scales computed once over the whole batch (so the result does not
 depend on how the batch was split), the clipped policy-gradient loss from `reinforge.algorithms` with
 the gateway's behaviour logprobs, and for PPO a value head trained alongside.
+
+Two shortcuts leave the gradient unchanged (up to float summation order): rows that share a prompt (a
+GRPO group) encode it once (`reinforge.algorithms.shared_prefix`), and, when nothing but the
+policy-gradient term is optimised (no KL penalty, no value head), rows with a zero advantage (flat
+groups) skip the forward pass, since every token of theirs has zero loss. Their tokens still count in
+the loss scales; the diagnostic means (entropy, clip fractions, ratios) are over the rows trained.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from transformers import PreTrainedModel
 from reinforge.algorithms import (
     PPO,
     Algorithm,
+    TokenBatch,
     ValueHead,
     collate_transitions,
     compute_token_logprobs,
@@ -27,6 +34,8 @@ from reinforge.algorithms import (
     policy_loss,
     value_loss,
 )
+from reinforge.algorithms.logprobs import TokenLogprobs
+from reinforge.algorithms.shared_prefix import shared_prefix_logprobs
 from reinforge.errors import InvalidRequestError
 from reinforge.training.config import LoraSettings
 from reinforge.training.microbatch import micro_batches
@@ -71,8 +80,10 @@ class Policy:
         epochs_per_batch: int = 1,
         temperature: float = 1.0,
         lora: LoraSettings | None = None,
+        share_prompts: bool = True,
     ) -> None:
         self.algorithm = algorithm
+        self.share_prompts = share_prompts
         self.pad_token_id = pad_token_id
         self.max_grad_norm = max_grad_norm
         self.micro_batch_tokens = micro_batch_tokens
@@ -171,7 +182,15 @@ class Policy:
             else None
         )
         scales = loss_scales(trained, self.algorithm)
-        groups = micro_batches(trained, self.micro_batch_tokens)
+        total_tokens = float(sum(sum(t.response_mask) for t in trained))
+        # Rows whose every token has zero loss and zero gradient need no forward (module docstring).
+        pg_only = self.algorithm.kl_coef == 0 and self.value_head is None
+        active = [i for i, t in enumerate(trained) if not (pg_only and t.advantage == 0.0)]
+        skipped = len(trained) - len(active)
+        groups = [
+            [active[j] for j in g]
+            for g in micro_batches([trained[i] for i in active], self.micro_batch_tokens)
+        ]
         old: dict[int, torch.Tensor] = {}
         old_values: dict[int, torch.Tensor] = {}
         sums: dict[str, float] = {}
@@ -192,6 +211,11 @@ class Policy:
                     sums[key] = sums.get(key, 0.0) + value * tokens
                     weights[key] = weights.get(key, 0.0) + tokens
             params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            if not groups:
+                # Every row was skipped: their gradient is zero, and AdamW still takes its step
+                # (momentum moves the weights even on a zero gradient), as it would after a forward.
+                for p in params:
+                    p.grad = torch.zeros_like(p)
             if self.max_grad_norm is not None:
                 grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
             else:
@@ -206,9 +230,31 @@ class Policy:
         epochs = self.epochs_per_batch
         out = {k: (v / weights[k] if weights.get(k) else v / epochs) for k, v in sums.items()}
         out["update/grad_norm"] = grad_norm
+        out["tokens"] = total_tokens
         out["update/micro_batches"] = float(len(groups))
         out["update/transitions"] = float(len(trained))
+        out["update/rows_without_signal"] = float(skipped)
         return out
+
+    def _logprobs(
+        self, model: torch.nn.Module, batch: TokenBatch, with_entropy: bool = False
+    ) -> TokenLogprobs:
+        """Token logprobs of `batch`, each shared prompt encoded once when that saves work."""
+        if self.share_prompts and self.value_head is None:
+            shared = shared_prefix_logprobs(
+                model, batch, temperature=self.temperature, with_entropy=with_entropy
+            )
+            if shared is not None:
+                return shared
+        return compute_token_logprobs(
+            model,
+            batch.input_ids,
+            batch.attention_mask,
+            batch.response_mask,
+            temperature=self.temperature,
+            with_entropy=with_entropy,
+            with_hidden_states=self.value_head is not None,
+        )
 
     def _micro_step(
         self,
@@ -222,28 +268,14 @@ class Policy:
         old_values: dict[int, torch.Tensor],
     ) -> dict[str, float]:
         batch = collate_transitions([trained[i] for i in indices], self.pad_token_id)
-        lp = compute_token_logprobs(
-            self.model,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.response_mask,
-            temperature=self.temperature,
-            with_entropy=True,
-            with_hidden_states=self.value_head is not None,
-        )
+        lp = self._logprobs(self.model, batch, with_entropy=True)
         # π_old is the policy before this update: the first epoch's own forward pass, so no extra one.
         if epoch == 0:
             old[group] = lp.logprobs.detach()
         ref = None
         if self.algorithm.kl_coef > 0:
             with torch.no_grad(), self._reference_model() as reference:
-                ref = compute_token_logprobs(
-                    reference,
-                    batch.input_ids,
-                    batch.attention_mask,
-                    batch.response_mask,
-                    temperature=self.temperature,
-                ).logprobs
+                ref = self._logprobs(reference, batch).logprobs
         scale = torch.tensor([scales[i] for i in indices], dtype=torch.float32)
         loss, metrics = policy_loss(
             lp.logprobs,

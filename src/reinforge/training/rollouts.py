@@ -7,6 +7,7 @@ deadline are cancelled, so one stuck agent can't stall training.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,6 +26,9 @@ from reinforge.types import (
     SpanQuery,
     Transition,
 )
+
+_READS_AT_ONCE = 256
+"""Rollouts whose spans are read concurrently (bounds a remote store's open requests)."""
 
 
 def task_key(task: dict[str, Any], index: int) -> str:
@@ -51,6 +55,29 @@ async def run_rollouts(
 
     Rollout ids are `prefix`-based, so they are unique per run session and step.
     """
+    ids = await start_rollouts(
+        store,
+        tasks,
+        prefix=prefix,
+        group_size=group_size,
+        mode=mode,
+        resources_version=resources_version,
+        max_attempts=max_attempts,
+    )
+    return await finish_rollouts(store, ids, timeout_s)
+
+
+async def start_rollouts(
+    store: Store,
+    tasks: Sequence[tuple[int, dict[str, Any]]],
+    *,
+    prefix: str,
+    group_size: int,
+    mode: RolloutMode,
+    resources_version: int,
+    max_attempts: int = 2,
+) -> list[str]:
+    """Enqueue the rollouts of `run_rollouts` without waiting for them; returns their ids."""
     specs = [
         RolloutSpec(
             rollout_id=f"{prefix}-{n}-{g}",
@@ -64,8 +91,11 @@ async def run_rollouts(
         for n, (index, task) in enumerate(tasks)
         for g in range(group_size)
     ]
-    rollouts = await store.enqueue_rollouts(specs)
-    ids = [r.rollout_id for r in rollouts]
+    return [r.rollout_id for r in await store.enqueue_rollouts(specs)]
+
+
+async def finish_rollouts(store: Store, ids: Sequence[str], timeout_s: float) -> list[Rollout]:
+    """Wait up to `timeout_s` for rollouts to be final, cancel the stragglers, return them in order."""
     finished = {r.rollout_id: r for r in await store.wait_for_rollouts(ids, timeout_s)}
     late = [i for i in ids if i not in finished]
     if late:
@@ -99,23 +129,34 @@ async def _all_spans(store: Store, rollout_id: str) -> list[Span]:
     return spans
 
 
-async def _attempts(store: Store, rollout_id: str) -> list[Attempt]:
-    page = await store.query_attempts(AttemptQuery(rollout_id=rollout_id, limit=MAX_PAGE_SIZE))
+async def _attempts(store: Store, rollout: Rollout) -> list[Attempt]:
+    """The rollout's attempt records, which credit/ needs only to pick among attempts or to see how
+    one ended: a rollout that succeeded on its first attempt has one attempt, and it succeeded."""
+    if rollout.status == RolloutStatus.succeeded and rollout.attempt_count == 1:
+        return []
+    page = await store.query_attempts(AttemptQuery(rollout_id=rollout.rollout_id, limit=MAX_PAGE_SIZE))
     return page.items
 
 
 async def collect_transitions(
     store: Store, rollouts: Sequence[Rollout], credit: CreditConfig
 ) -> tuple[list[Transition], CreditMetrics]:
-    """Transitions of every final rollout, with the credit metrics summed over them."""
+    """Transitions of every final rollout, with the credit metrics summed over them.
+
+    The reads are issued together: the SQLite store answers reads queued in one loop turn in one
+    transaction, and a remote store takes them concurrently, instead of one round trip after another.
+    """
+    final = [r for r in rollouts if r.status.is_final]
+    spans: list[list[Span]] = []
+    attempts: list[list[Attempt]] = []
+    for i in range(0, len(final), _READS_AT_ONCE):
+        chunk = final[i : i + _READS_AT_ONCE]
+        spans += await asyncio.gather(*(_all_spans(store, r.rollout_id) for r in chunk))
+        attempts += await asyncio.gather(*(_attempts(store, r) for r in chunk))
     transitions: list[Transition] = []
     total = CreditMetrics()
-    for rollout in rollouts:
-        if not rollout.status.is_final:
-            continue
-        spans = await _all_spans(store, rollout.rollout_id)
-        attempts = await _attempts(store, rollout.rollout_id)
-        found, metrics = build_transitions(rollout, spans, credit, attempts=attempts)
+    for rollout, its_spans, its_attempts in zip(final, spans, attempts, strict=True):
+        found, metrics = build_transitions(rollout, its_spans, credit, attempts=its_attempts)
         transitions += found
         total = total + metrics
     return transitions, total
