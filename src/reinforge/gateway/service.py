@@ -33,6 +33,7 @@ from reinforge.types import (
     SpanKind,
     SpanQuery,
     SpanStatus,
+    new_span_id,
 )
 
 T = TypeVar("T")
@@ -362,7 +363,7 @@ class Gateway:
         # Validated: pydantic-core checks these few fields faster than `model_construct` assigns them
         # in Python (about 2 us against 6 per span), and a bad id fails here, not in the store.
         span = Span(
-            span_id=secrets.token_hex(8),
+            span_id=new_span_id(),  # adjacent ids: the store's span index appends
             trace_id=trace_id,
             parent_id=parent_id,
             rollout_id=state.rollout_id,

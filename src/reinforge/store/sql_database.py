@@ -47,7 +47,7 @@ _PAGE_SIZE = 16384
 A commit writes each page it touched to the WAL, one write per page, plus a checksum over it. With
 ids that sort by creation time (`reinforge.types.new_ordered_id`, `new_span_id`) a span batch touches
 only the last few pages of each index, so what a commit writes is mostly the spans themselves, and
-larger pages mean fewer writes for the same bytes: the store server spent 34-38 instead of 47 us of
+larger pages mean fewer writes for the same bytes: the store server spent 34-42 instead of 47 us of
 CPU per 7.7 KB span in the benchmark's ingest phase (16 against 4 KB, runs taken in turn). Ids from
 elsewhere that are random (an OpenTelemetry SDK's span ids) still cost a page per span in their
 index; in-process inserts of 80,000 spans with random span ids were still cheaper at 16 KB

@@ -18,10 +18,15 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 from reinforge.gateway.attempts import trace_id_for
 from reinforge.tracing.context import current_attempt
 from reinforge.tracing.processor import AttemptSpanProcessor
+from reinforge.types import new_span_id
 
 
 class _AttemptTraceIds(RandomIdGenerator):
-    """Root spans inside an attempt join the attempt's trace, the one the gateway's LLM spans use."""
+    """Root spans inside an attempt join the attempt's trace, the one the gateway's LLM spans use;
+    span ids come from reinforge's per-process counter, so the store's span index appends."""
+
+    def generate_span_id(self) -> int:
+        return int(new_span_id(), 16)
 
     def generate_trace_id(self) -> int:
         attempt = current_attempt()
