@@ -114,8 +114,8 @@ class RolloutSpec(_Model):
     task_id: str | None = Field(default=None, max_length=128)
     mode: RolloutMode = RolloutMode.train
     group_id: str | None = Field(default=None, max_length=128)
-    resources_version: int | None = Field(default=None, ge=0, le=MAX_STORED_INT)
-    max_attempts: int = Field(default=3, ge=1, le=100)
+    resources_version: int | None = Field(default=None, ge=0, le=MAX_STORED_INT, strict=True)
+    max_attempts: int = Field(default=3, ge=1, le=100, strict=True)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -248,8 +248,9 @@ class Page(_Model, Generic[T]):
 
 
 class _Query(_Model):
-    limit: int = Field(default=100, ge=1, le=MAX_PAGE_SIZE)
-    offset: int = Field(default=0, ge=0, le=MAX_STORED_INT)
+    # Strict: pydantic's lax mode reads `true` as 1, and a boolean page offset is bad input.
+    limit: int = Field(default=100, ge=1, le=MAX_PAGE_SIZE, strict=True)
+    offset: int = Field(default=0, ge=0, le=MAX_STORED_INT, strict=True)
 
 
 class RolloutQuery(_Query):

@@ -38,6 +38,22 @@ async def test_wrong_types_are_422_naming_the_field(http: httpx.AsyncClient) -> 
     _assert_error(response, 422, "InvalidRequestError", "surprise")
 
 
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/store/rollouts/query", {"offset": True}, "offset"),
+        ("/store/spans/query", {"limit": True}, "limit"),
+        ("/store/rollouts/enqueue", {"specs": [{"max_attempts": True}]}, "max_attempts"),
+        ("/store/rollouts/lease", {"runner_id": "r", "max_rollouts": False}, "max_rollouts"),
+    ],
+)
+async def test_booleans_are_not_integers(
+    http: httpx.AsyncClient, path: str, body: dict[str, object], field: str
+) -> None:
+    # pydantic's lax mode would read `true` as 1; a boolean count or offset is a client's bug.
+    _assert_error(await http.post(path, json=body), 422, "InvalidRequestError", field)
+
+
 async def test_out_of_range_values_are_refused(http: httpx.AsyncClient) -> None:
     response = await http.post("/store/rollouts/lease", json={"runner_id": "r", "lease_seconds": 1e300})
     _assert_error(response, 422, "InvalidRequestError", "lease_seconds")

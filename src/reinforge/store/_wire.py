@@ -30,7 +30,7 @@ class EnqueueRequest(_Body):
 
 class LeaseRequest(_Body):
     runner_id: str = Field(min_length=1, max_length=128)
-    max_rollouts: int = Field(default=1, ge=1, le=MAX_PAGE_SIZE)
+    max_rollouts: int = Field(default=1, ge=1, le=MAX_PAGE_SIZE, strict=True)
     lease_seconds: float = Field(default=60.0, gt=0, le=MAX_LEASE_SECONDS)
     wait_seconds: float = Field(default=0.0, ge=0, le=MAX_WAIT_SECONDS)
     mode: RolloutMode | None = None
@@ -59,7 +59,7 @@ class AddSpansResponse(_Body):
 
 class PutResourcesRequest(_Body):
     resources: dict[str, Any] = Field(default_factory=dict)
-    version: int | None = Field(default=None, ge=0, le=MAX_STORED_INT)
+    version: int | None = Field(default=None, ge=0, le=MAX_STORED_INT, strict=True)
 
 
 class ErrorDetail(_Body):
