@@ -209,8 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--loss-agg",
         choices=["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"],
-        default="token-mean",
-        help="loss aggregation of the four main variants (sequences are rollouts)",
+        default="seq-mean-token-mean",
+        help="loss aggregation of the four main variants (sequences are rollouts; the demo's default)",
     )
     parser.add_argument("--no-greedy", action="store_true", help="skip greedy validation")
     parser.add_argument(
