@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _trl_side import first_tool_expression  # noqa: E402
 from openai import AsyncOpenAI, DefaultAsyncHttpxClient  # noqa: E402
+from openai._base_client import get_platform  # noqa: E402
 from transformers import PreTrainedModel, PreTrainedTokenizerBase  # noqa: E402
 
 from reinforge import semconv  # noqa: E402
@@ -105,11 +106,28 @@ def shared_http() -> DefaultAsyncHttpxClient:
     return clients[next(_next_shard) % len(clients)]
 
 
+_PLATFORM = get_platform()
+
+
+def rollout_client(llm: LLM) -> AsyncOpenAI:
+    """One rollout's OpenAI client: shared connections (`shared_http`), and the platform the SDK puts
+    in its `X-Stainless-*` headers detected once here, not by each client.
+
+    A new client detects it before its first request in a worker thread (`asyncify(get_platform)`):
+    with a client per rollout that is a thread round trip per rollout, which held each step's first
+    call to the engine back ~50 ms. Handing the value over (a private attribute of the SDK's client)
+    leaves the requests and headers as they were.
+    """
+    client = AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=1, http_client=shared_http())
+    client._platform = _PLATFORM
+    return client
+
+
 @agent(name="first-call")
 async def first_call_agent(task: dict[str, Any], llm: LLM) -> float:
     """One chat call with the calculator tool; 1.0 when the first tool call is the right sub-expression."""
     sampling = llm.resources.get("sampling") or {}
-    client = AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=1, http_client=shared_http())
+    client = rollout_client(llm)
     response = await client.chat.completions.create(
         model=llm.model,
         messages=[{"role": "user", "content": str(task["question"])}],

@@ -49,6 +49,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'reinforge' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)
 
+
 if TYPE_CHECKING:
     from reinforge.algorithms import GRPO, PPO, RLOO, ReinforcePlusPlus
     from reinforge.credit import CreditConfig

@@ -17,7 +17,7 @@ from reinforge.gateway import ScriptedBackend, SpanRecorder, create_gateway_app
 from reinforge.serving import BackgroundServer
 from reinforge.store.memory import MemoryStore
 from reinforge.store.server import create_store_app
-from reinforge.types import Span, SpanQuery
+from reinforge.types import AttemptOutcome, AttemptStatus, Span, SpanQuery
 
 from .conftest import SECRET, Served, running_attempt, serve
 
@@ -167,6 +167,22 @@ async def test_attempt_is_looked_up_once_for_many_calls(served: Served) -> None:
     await served.gateway.flush(attempt_id)
     spans = (await served.store.query_spans(SpanQuery(attempt_id=attempt_id))).items
     assert sorted(s.attributes[semconv.ATTR_SEQUENCE_IN_ATTEMPT] for s in spans) == list(range(8))
+
+
+async def test_attempts_a_runner_reports_leased_need_no_store_lookup(served: Served) -> None:
+    leased = await running_attempt(served.store)
+    finished = await running_attempt(served.store)
+    ended_id = finished.attempt.attempt_id
+    await served.store.finish_attempt(ended_id, AttemptOutcome(status=AttemptStatus.succeeded))
+    ended = await served.store.get_attempt(ended_id)
+    served.gateway.attempts.remember_running([leased.attempt, ended])
+    client = served.client(leased.attempt.attempt_id)
+    await asyncio.gather(*[client.chat.completions.create(model="p", messages=MESSAGES) for _ in range(3)])  # type: ignore[arg-type]
+    assert served.gateway.attempts.lookups == 0
+    # An attempt that is not running is not taken on the runner's word: the store is asked, and says no.
+    with pytest.raises(openai.ConflictError):
+        await served.client(ended.attempt_id).chat.completions.create(model="p", messages=MESSAGES)  # type: ignore[arg-type]
+    assert served.gateway.attempts.lookups == 1
 
 
 async def test_traceparent_nests_the_call_under_the_agent_span(served: Served) -> None:

@@ -379,3 +379,28 @@ async def test_a_long_attempt_s_spans_go_live_and_are_all_stored_before_the_fini
     assert done.status == RolloutStatus.succeeded and done.reward == 1.0
     spans = (await stack.store.query_spans(SpanQuery(rollout_id=done.rollout_id))).items
     assert sorted(s.name for s in spans) == sorted(["early", "late", semconv.SPAN_FINAL_REWARD])
+
+
+async def test_on_lease_sees_each_leased_attempt_before_its_agent_runs(stack: Stack) -> None:
+    reported: list[str] = []
+    seen_first: list[bool] = []
+
+    @reinforge.agent
+    async def solve(task: dict[str, Any], llm: LLM) -> float:
+        seen_first.append(any(llm.base_url.endswith(f"/r/{a}/v1") for a in reported))
+        return 1.0
+
+    rollouts = await enqueue(stack.store, *({"question": f"q{i}"} for i in range(5)))
+    runner = Runner(
+        stack.store,
+        solve,
+        stack.gateway_url,
+        GATEWAY_SECRET,
+        concurrency=5,
+        on_lease=lambda leased: reported.extend(lr.attempt.attempt_id for lr in leased),
+    )
+    stats = await runner.run(max_rollouts=5)
+    assert stats.succeeded == 5 and seen_first == [True] * 5
+    attempts = (await stack.store.query_attempts(AttemptQuery(limit=10))).items
+    assert sorted(reported) == sorted(a.attempt_id for a in attempts)
+    assert all(r.status == RolloutStatus.succeeded for r in await wait_final(stack.store, rollouts))

@@ -384,6 +384,10 @@ async def test_span_query_filters_and_pagination(store: Store) -> None:
     p2 = await store.query_spans(SpanQuery(limit=5, offset=5))
     p3 = await store.query_spans(SpanQuery(limit=5, offset=10))
     assert (p1.total, p1.next_offset, p2.next_offset, p3.next_offset) == (12, 5, 10, None)
+    # Totals of short (last) pages, filtered ones and pages past the end are counts all the same.
+    assert (p3.total, by_rollout.total, by_attempt.total) == (12, 6, len(by_attempt.items))
+    past = await store.query_spans(SpanQuery(rollout_id="r1", limit=5, offset=20))
+    assert (past.items, past.total, past.next_offset) == ([], 6, None)
     assert ids(p1.items + p2.items + p3.items) == ids(spans)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from reinforge.errors import NotFoundError
@@ -55,6 +56,23 @@ class AttemptGuard:
         self._states: dict[str, AttemptState] = {}
         self._inflight: dict[str, asyncio.Future[AttemptState]] = {}
         self.lookups = 0
+
+    def remember_running(self, attempts: Iterable[Attempt]) -> None:
+        """Cache attempts a co-located runner has just leased (so running), sparing each one's first
+        call the store lookup: in a trainer that lookup crossed to the store's busy event loop and
+        held every rollout's first call back. Safe from another thread: it only adds new entries
+        (one atomic dict store each) and never evicts; the entries expire after `ttl_s` as usual.
+        """
+        now = time.monotonic()
+        for attempt in attempts:
+            if attempt.status is AttemptStatus.running and attempt.attempt_id not in self._states:
+                self._states[attempt.attempt_id] = AttemptState(
+                    attempt_id=attempt.attempt_id,
+                    rollout_id=attempt.rollout_id,
+                    status=attempt.status,
+                    checked_at=now,
+                    trace_id=trace_id_for(attempt.attempt_id),
+                )
 
     def forget(self, attempt_id: str) -> None:
         """Drop the cached state, so the next request reads the store (e.g. after a finish)."""

@@ -1,9 +1,9 @@
 """Runners: lease rollouts, run the user's agent (in process or as any command), report outcomes.
 
-    @reinforge.agent(name="solver")
-    def solve(task: dict, llm: reinforge.LLM) -> float: ...
+@reinforge.agent(name="solver")
+def solve(task: dict, llm: reinforge.LLM) -> float: ...
 
-    await Runner(store, solve, gateway_url, gateway_secret, concurrency=8).run()
+await Runner(store, solve, gateway_url, gateway_secret, concurrency=8).run()
 """
 
 from reinforge.runner.agent import Agent, AgentFunction, FunctionAgent, agent, as_agent, load_agent

@@ -93,6 +93,7 @@ class Runner:
 
     `gateway_secret` signs each attempt's token (see `reinforge.gateway.auth.attempt_token`); the agent
     only ever sees its own attempt's token. `timeout_s` bounds one attempt when the agent sets none.
+    `on_lease` sees each leased batch before its agents start (a co-located gateway primes its cache).
     """
 
     def __init__(
@@ -113,6 +114,7 @@ class Runner:
         model: str = DEFAULT_MODEL,
         drain_timeout_s: float | None = None,
         lease_batch_wait_s: float = 0.005,
+        on_lease: Callable[[list[LeasedRollout]], None] | None = None,
     ) -> None:
         if concurrency < 1:
             raise InvalidRequestError(f"concurrency must be at least 1, got {concurrency}")
@@ -135,6 +137,7 @@ class Runner:
         self.model = model
         self.drain_timeout_s = drain_timeout_s
         self.lease_batch_wait_s = lease_batch_wait_s
+        self.on_lease = on_lease
         self.stats = RunnerStats()
         self._resources = ResourcesCache(store)
         self._writer: SpanWriter | None = None
@@ -217,6 +220,8 @@ class Runner:
                 backoff = min(backoff * 2, 5.0)
                 continue
             backoff = 0.1
+            if leased and self.on_lease is not None:
+                self.on_lease(leased)
             if leased:
                 await self._resources.prefetch([lr.rollout for lr in leased])
             for lr in leased:

@@ -638,17 +638,21 @@ class SqlStore:
 
         def tx(conn: Connection) -> Page[Span]:
             cond = and_(True, *where)
-            if where:
-                total = conn.execute(select(func.count()).select_from(spans).where(cond)).scalar_one()
-            else:
-                total = self._count_spans(conn)
             rows = conn.execute(
                 select(spans.c.sequence, spans.c.body)
                 .where(cond)
                 .order_by(spans.c.sequence)
                 .limit(query.limit)
                 .offset(query.offset)
-            )
+            ).all()
+            if len(rows) < query.limit and (rows or query.offset == 0):
+                # A short page is the last one: its end is the total, no count needed (the trainer
+                # reads every rollout's spans each step, in pages that are nearly always short).
+                total = query.offset + len(rows)
+            elif where:
+                total = conn.execute(select(func.count()).select_from(spans).where(cond)).scalar_one()
+            else:
+                total = self._count_spans(conn)
             return _rules.make_page([span_from_row(r) for r in rows], total, query.offset)
 
         return await self._db.read(tx)

@@ -26,6 +26,7 @@ from reinforge.serving import BackgroundServer
 from reinforge.store.auth import load_or_create_token
 from reinforge.store.base import Store
 from reinforge.store.server import create_store_app
+from reinforge.types import LeasedRollout
 
 GATEWAY_MOUNT = "/gateway"
 MODEL_NAME = "reinforge-policy"
@@ -109,9 +110,14 @@ class Spine:
                 poll_seconds=1.0,
                 model=MODEL_NAME,
                 drain_timeout_s=5.0,
+                on_lease=self._leased,
             )
             self._runners.append(asyncio.create_task(runner.run(stop=self._stop), name=f"runner-{i}"))
         return self
+
+    def _leased(self, leased: list[LeasedRollout]) -> None:
+        """The gateway learns of each leased attempt from the runner beside it, not from the store."""
+        self.gateway.attempts.remember_running(lr.attempt for lr in leased)
 
     def check_runners(self) -> None:
         """Raise a runner's crash here, in the trainer, instead of waiting for rollouts that never come."""
