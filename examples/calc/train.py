@@ -1,6 +1,6 @@
 """Train the calc agent from Python: the same run as `reinforge demo`, spelled out.
 
-    .venv/bin/python examples/calc/train.py [--run-dir runs/calc-py] [--minutes 5]
+.venv/bin/python examples/calc/train.py [--run-dir runs/calc-py] [--minutes 5]
 """
 
 from __future__ import annotations
