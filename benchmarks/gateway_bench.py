@@ -21,7 +21,6 @@ Ends with `RESULT gateway_added_p50_ms=<ms>` and `RESULT gateway_overhead_ratio_
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import random
@@ -29,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -38,15 +36,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import httpx
 import openai
-import uvicorn
 from _agl import BASELINES, AglServer, BaselineUnavailable, agl_python, free_port, wait_http
+from _child_server import serve_until_stdin_closes
 from baselines import event_loop
 from baselines.procstat import cpu_seconds
 
 from reinforge import semconv
 from reinforge.gateway.app import create_gateway_app
 from reinforge.gateway.auth import attempt_token
-from reinforge.gateway.fastpath import GatewayHttpProtocol
 from reinforge.gateway.upstream import UpstreamBackend
 from reinforge.store.base import Store
 from reinforge.store.factory import open_store
@@ -84,24 +81,9 @@ def serve_gateway(upstream_url: str, store_url: str) -> None:
         backend = UpstreamBackend(upstream_url, "policy")
         app = create_gateway_app(store, backend, SECRET)
         port = int(os.environ["GATEWAY_BENCH_PORT"])
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            access_log=False,
-            http=GatewayHttpProtocol,  # as BackgroundServer (the trainer) serves it
-        )
-        server = uvicorn.Server(config)
-        loop = asyncio.get_running_loop()
-
-        def stop_when_stdin_closes() -> None:
-            sys.stdin.read()
-            loop.call_soon_threadsafe(setattr, server, "should_exit", True)
-
-        threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
         print(json.dumps({"attempt_id": attempt_id}), flush=True)
-        await server.serve()  # returns once stdin closes, after the app's shutdown flushed its spans
+        # Returns once stdin closes, after the app's shutdown flushed its spans.
+        await serve_until_stdin_closes(app, port)
         spans = await _count_spans(store, attempt_id)
         await backend.aclose()
         await store.close()

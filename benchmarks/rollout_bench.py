@@ -34,7 +34,6 @@ import secrets
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -42,14 +41,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import openai
-import uvicorn
 from _agl import BASELINES, AglServer, BaselineUnavailable, agl_python, free_port, run_driver, wait_http
+from _child_server import serve_until_stdin_closes
 from baselines import event_loop
 from baselines.procstat import cpu_seconds
 
 from reinforge import semconv
 from reinforge.gateway.app import create_gateway_app
-from reinforge.gateway.fastpath import GatewayHttpProtocol
 from reinforge.gateway.upstream import UpstreamBackend
 from reinforge.runner import CommandAgent, Runner
 from reinforge.runner.llm import LLM
@@ -73,23 +71,7 @@ def serve_spine(upstream_url: str, db_url: str) -> None:
         app = create_store_app(store, os.environ["BENCH_STORE_TOKEN"])
         app.mount(GATEWAY_MOUNT, create_gateway_app(store, backend, os.environ["BENCH_GATEWAY_SECRET"]))
         port = int(os.environ["BENCH_PORT"])
-        config = uvicorn.Config(
-            app,
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            access_log=False,
-            http=GatewayHttpProtocol,  # as BackgroundServer (the trainer) serves it
-        )
-        server = uvicorn.Server(config)
-        loop = asyncio.get_running_loop()
-
-        def stop_when_stdin_closes() -> None:
-            sys.stdin.read()
-            loop.call_soon_threadsafe(setattr, server, "should_exit", True)
-
-        threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
-        await server.serve()
+        await serve_until_stdin_closes(app, port)
         await backend.aclose()
         await store.close()
 

@@ -124,6 +124,22 @@ def _stale(row: Any) -> StaleAttemptError:
     )
 
 
+
+def _start_attempt(rollout: Rollout, runner_id: str, now: float, deadline: float) -> Attempt:
+    """Mark a just-leased rollout running (in place) and make its new attempt."""
+    rollout.attempt_count += 1
+    rollout.status = RolloutStatus.running
+    rollout.updated_at = now
+    return Attempt(
+        attempt_id=new_ordered_id(),
+        rollout_id=rollout.rollout_id,
+        attempt_no=rollout.attempt_count,
+        runner_id=runner_id,
+        started_at=now,
+        lease_deadline=deadline,
+        last_heartbeat=now,
+    )
+
 class SqlStore:
     """The store on SQLite or PostgreSQL. Open it with `await SqlStore.open(url)`."""
 
@@ -332,18 +348,7 @@ class SqlStore:
         attempt_rows, rollout_rows = [], []
         for row in rows:
             rollout = rollout_from_row(row)
-            rollout.attempt_count += 1
-            rollout.status = RolloutStatus.running
-            rollout.updated_at = now
-            attempt = Attempt(
-                attempt_id=new_ordered_id(),
-                rollout_id=rollout.rollout_id,
-                attempt_no=rollout.attempt_count,
-                runner_id=runner_id,
-                started_at=now,
-                lease_deadline=deadline,
-                last_heartbeat=now,
-            )
+            attempt = _start_attempt(rollout, runner_id, now, deadline)
             attempt_rows.append({**attempt.model_dump(mode="json"), "rollout_seq": row.seq})
             rollout_rows.append(
                 {
@@ -377,18 +382,7 @@ class SqlStore:
             attempt_rows, rollout_rows = [], []
             for row in rows:
                 seq, rollout = _sqlite_ops.rollout_from_values(row)
-                rollout.attempt_count += 1
-                rollout.status = RolloutStatus.running
-                rollout.updated_at = now
-                attempt = Attempt(
-                    attempt_id=new_ordered_id(),
-                    rollout_id=rollout.rollout_id,
-                    attempt_no=rollout.attempt_count,
-                    runner_id=runner_id,
-                    started_at=now,
-                    lease_deadline=deadline,
-                    last_heartbeat=now,
-                )
+                attempt = _start_attempt(rollout, runner_id, now, deadline)
                 aid, number = attempt.attempt_id, attempt.attempt_no
                 attempt_rows.append((aid, seq, rollout.rollout_id, number, runner_id, now, deadline, now))
                 rollout_rows.append((number, aid, now, seq))

@@ -1,0 +1,29 @@
+"""Serving an app from a benchmark's child process, the way reinforge itself serves it."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+from typing import Any
+
+import uvicorn
+
+from reinforge.gateway.fastpath import GatewayHttpProtocol
+
+
+async def serve_until_stdin_closes(app: Any, port: int) -> None:
+    """Serve `app` on 127.0.0.1:`port` with the gateway's HTTP protocol (as `BackgroundServer`, so the
+    trainer, serves it) until the parent process closes this process's stdin: the stop signal."""
+    config = uvicorn.Config(
+        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http=GatewayHttpProtocol
+    )
+    server = uvicorn.Server(config)
+    loop = asyncio.get_running_loop()
+
+    def stop_when_stdin_closes() -> None:
+        sys.stdin.read()
+        loop.call_soon_threadsafe(setattr, server, "should_exit", True)
+
+    threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+    await server.serve()
