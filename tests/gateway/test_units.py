@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 
+from reinforge._headers import bearer_token
 from reinforge.gateway import ScriptedBackend, attempt_token, parse_tool_calls
 from reinforge.gateway.attempts import trace_id_for
-from reinforge.gateway.auth import bearer_token, token_matches
+from reinforge.gateway.auth import token_matches
 from reinforge.gateway.backend import GenerationRequest, SamplingParams
 from reinforge.gateway.errors import GatewayHTTPError
 from reinforge.gateway.protocol import ResponsesBody, parse_body, responses_request

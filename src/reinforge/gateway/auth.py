@@ -34,16 +34,6 @@ def finish_token(secret: str, attempt_id: str) -> str:
     return FINISH_TOKEN_PREFIX + hmac.new(key, attempt_id.encode(), hashlib.sha256).hexdigest()
 
 
-def bearer_token(authorization: str | None) -> str | None:
-    """The token of an `Authorization: Bearer <token>` header, or None when there is none."""
-    if not authorization:
-        return None
-    scheme, _, token = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        return None
-    return token.strip()
-
-
 def token_matches(expected: str, given: str | None) -> bool:
     """Constant-time comparison, so the token can't be guessed byte by byte from timings."""
     return given is not None and hmac.compare_digest(expected.encode(), given.encode())

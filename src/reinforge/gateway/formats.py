@@ -24,6 +24,7 @@ def token_id_texts(ids: list[int]) -> list[str]:
 
 
 _ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder()
 
 
 def dumps(data: Any) -> bytes:
@@ -36,6 +37,15 @@ def dumps(data: Any) -> bytes:
         return _ENCODER.encode(data)
     except (TypeError, OverflowError, ValueError):
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def loads(raw: bytes) -> Any:
+    """JSON from bytes, by msgspec; what msgspec refuses (NaN literals, integers past 64 bits) goes
+    to `json`, so every document `json` reads is still read, and `json` words the errors."""
+    try:
+        return _DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return json.loads(raw)
 
 
 def sse(data: Any) -> bytes:

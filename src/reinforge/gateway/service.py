@@ -7,20 +7,19 @@ The HTTP handlers (`endpoints.py`) call into one `Gateway`; the trainer holds th
 from __future__ import annotations
 
 import asyncio
-import json
 import secrets
 import threading
 import time
 from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
-import msgspec
 from starlette.requests import Request
 
 from reinforge import semconv
+from reinforge._headers import bearer_token, scope_header
 from reinforge.gateway import formats
 from reinforge.gateway.attempts import AttemptGuard, AttemptState
-from reinforge.gateway.auth import attempt_token, bearer_token, finish_token, token_matches
+from reinforge.gateway.auth import attempt_token, finish_token, token_matches
 from reinforge.gateway.backend import Backend, GenerationRequest, GenerationResult, TextDelta
 from reinforge.gateway.errors import GatewayHTTPError, UpstreamError
 from reinforge.gateway.recorder import SpanRecorder
@@ -38,26 +37,12 @@ from reinforge.types import (
 
 T = TypeVar("T")
 
-_JSON_DECODER = msgspec.json.Decoder()
-
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _MAX_CACHED_TOKENS = 65_536
 
 
 def new_id() -> str:
     return secrets.token_hex(12)
-
-
-def header(request: Request, name: bytes) -> str | None:
-    """The first value of a request header (`name` lower-case, as ASGI servers pass them).
-
-    Starlette's `request.headers.get` builds a mapping and raises inside for a missing header; this is
-    a plain scan of the raw list, which matters at several lookups per call.
-    """
-    for key, value in request.scope["headers"]:
-        if key == name:
-            return str(value.decode("latin-1"))
-    return None
 
 
 def _traceparent(header: str | None) -> tuple[str, str] | None:
@@ -245,7 +230,7 @@ class Gateway:
     # -- request plumbing --------------------------------------------------------------------------
 
     def check_token(self, request: Request, attempt_id: str) -> None:
-        given = bearer_token(header(request, b"authorization"))
+        given = bearer_token(scope_header(request.scope, b"authorization"))
         if given is None:
             raise GatewayHTTPError(
                 401, "missing bearer token: send the attempt's token as the API key", code="missing_api_key"
@@ -257,7 +242,7 @@ class Gateway:
 
     def check_finish_token(self, request: Request, attempt_id: str) -> None:
         """Finishing needs the runner's token for the attempt; the agent's own token is refused."""
-        given = bearer_token(header(request, b"authorization"))
+        given = bearer_token(scope_header(request.scope, b"authorization"))
         if not token_matches(finish_token(self._secret, attempt_id), given):
             raise GatewayHTTPError(
                 401,
@@ -275,7 +260,7 @@ class Gateway:
 
     async def read_json(self, request: Request) -> Any:
         limit = self.max_body_bytes
-        length = header(request, b"content-length")
+        length = scope_header(request.scope, b"content-length")
         if length is not None:
             if not length.isdigit():
                 raise GatewayHTTPError(400, "invalid Content-Length header")
@@ -293,17 +278,13 @@ class Gateway:
         if not raw:
             raise GatewayHTTPError(400, "the request body is empty; send a JSON object")
         try:
-            return _JSON_DECODER.decode(raw)
-        except msgspec.DecodeError:
-            pass  # NaN, huge integers...: what msgspec refuses, json decides (and words the error)
-        try:
-            return json.loads(raw)
+            return formats.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:
             raise GatewayHTTPError(400, f"the request body is not valid JSON: {exc}") from None
 
     @staticmethod
     def agent_name(request: Request) -> str | None:
-        name = request.path_params.get("agent_name") or header(request, b"x-reinforge-agent")
+        name = request.path_params.get("agent_name") or scope_header(request.scope, b"x-reinforge-agent")
         return name or None
 
     def _check_result(self, result: GenerationResult) -> GenerationResult:
@@ -358,7 +339,7 @@ class Gateway:
         attributes: dict[str, Any],
         started: float,
     ) -> Span:
-        parent = _traceparent(header(request, b"traceparent"))
+        parent = _traceparent(scope_header(request.scope, b"traceparent"))
         trace_id, parent_id = parent if parent is not None else (state.trace_id, None)
         # Validated: pydantic-core checks these few fields faster than `model_construct` assigns them
         # in Python (about 2 us against 6 per span), and a bad id fails here, not in the store.

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from reinforge._headers import scope_header
 from reinforge.errors import AuthenticationError, InvalidRequestError, ReinforgeError, StoreUnavailableError
 from reinforge.store._adapters import ATTEMPT, LEASED, ROLLOUT
 from reinforge.store._http import (
@@ -118,12 +119,7 @@ class HotRoutes:
     ) -> Response:
         """The handler's response, or the error envelope FastAPI's handlers would have sent."""
         try:
-            content_type = ""
-            for name, value in scope["headers"]:
-                if name == b"content-type":
-                    content_type = value.decode("latin-1")
-                    break
-            check_content_type(content_type)
+            check_content_type(scope_header(scope, b"content-type") or "")
             raw = await _read_body(receive)
             return await handler(self.get_store(), raw)
         except RequestValidationError as exc:

@@ -22,6 +22,7 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from reinforge._headers import bearer_token, scope_header
 from reinforge.dashboard import dashboard_html
 from reinforge.errors import AuthenticationError, ReinforgeError, StoreUnavailableError
 from reinforge.store._adapters import (
@@ -180,15 +181,10 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
     def _problem(self, scope: Scope) -> str | None:
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, credentials = value.decode("latin-1").partition(" ")
-                if scheme.lower() != "bearer" or not credentials.strip():
-                    break
-                if tokens_match(credentials.strip(), self.token):
-                    return None
-                return "wrong bearer token for this store"
-        return "missing bearer token: send 'Authorization: Bearer <store token>'"
+        given = bearer_token(scope_header(scope, b"authorization"))
+        if given is None:
+            return "missing bearer token: send 'Authorization: Bearer <store token>'"
+        return None if tokens_match(given, self.token) else "wrong bearer token for this store"
 
 
 class BodySizeLimit:
@@ -206,20 +202,19 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         limit = self.max_body_bytes
-        for name, value in scope["headers"]:
-            if name == b"content-length":
-                try:
-                    declared = int(value)
-                except ValueError:
-                    await error_response(400, "InvalidRequestError", "Content-Length is not a number")(
-                        scope, receive, send
-                    )
-                    return
-                if declared > limit:
-                    message = f"request body of {declared} bytes exceeds the limit of {limit} bytes"
-                    await error_response(413, "PayloadTooLargeError", message)(scope, receive, send)
-                    return
-                break
+        length = scope_header(scope, b"content-length")
+        if length is not None:
+            try:
+                declared = int(length)
+            except ValueError:
+                await error_response(400, "InvalidRequestError", "Content-Length is not a number")(
+                    scope, receive, send
+                )
+                return
+            if declared > limit:
+                message = f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+                await error_response(413, "PayloadTooLargeError", message)(scope, receive, send)
+                return
         received = 0
 
         async def limited_receive() -> Message:
