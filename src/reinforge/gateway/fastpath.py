@@ -58,8 +58,8 @@ def hot_routes(app: Any) -> list[_HotRoute]:
     if not _plain(app):
         return []
     found: list[tuple[str, list[Route]]] = []
-    if gateway_routes(app):
-        found.append(("", gateway_routes(app)))
+    if own := gateway_routes(app):
+        found.append(("", own))
     for route in getattr(app, "routes", None) or []:
         if isinstance(route, Mount) and gateway_routes(route.app) and _plain(route.app):
             found.append((route.path, gateway_routes(route.app)))

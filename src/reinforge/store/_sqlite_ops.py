@@ -9,15 +9,13 @@ SQLite, written out. PostgreSQL keeps the SQLAlchemy path (row locks; it runs in
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from typing import Any
 
 from sqlalchemy import Connection
 
-from reinforge.types import Rollout, RolloutMode, RolloutStatus
-
-RUNNING = "running"
+from reinforge.store.sql_schema import rollout_from_mapping
+from reinforge.types import Rollout
 
 _ROLLOUT_COLUMNS = (
     "seq",
@@ -75,39 +73,4 @@ def cursor(conn: Connection) -> sqlite3.Cursor:
 
 def rollout_from_values(row: tuple[Any, ...]) -> tuple[int, Rollout]:
     """(seq, rollout) from a row of `_SELECT_ROLLOUTS`."""
-    (
-        seq,
-        rollout_id,
-        status,
-        mode,
-        task_id,
-        group_id,
-        resources_version,
-        max_attempts,
-        attempt_count,
-        reward,
-        error,
-        created_at,
-        updated_at,
-        finished_at,
-        task,
-        metadata,
-    ) = row
-    rollout = Rollout(
-        rollout_id=rollout_id,
-        task=json.loads(task),
-        task_id=task_id,
-        mode=RolloutMode(mode),
-        group_id=group_id,
-        resources_version=resources_version,
-        status=RolloutStatus(status),
-        max_attempts=max_attempts,
-        attempt_count=attempt_count,
-        reward=reward,
-        error=error,
-        created_at=created_at,
-        updated_at=updated_at,
-        finished_at=finished_at,
-        metadata=json.loads(metadata),
-    )
-    return seq, rollout
+    return row[0], rollout_from_mapping(dict(zip(_ROLLOUT_COLUMNS, row, strict=True)))

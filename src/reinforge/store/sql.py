@@ -124,7 +124,6 @@ def _stale(row: Any) -> StaleAttemptError:
     )
 
 
-
 def _start_attempt(rollout: Rollout, runner_id: str, now: float, deadline: float) -> Attempt:
     """Mark a just-leased rollout running (in place) and make its new attempt."""
     rollout.attempt_count += 1
@@ -139,6 +138,7 @@ def _start_attempt(rollout: Rollout, runner_id: str, now: float, deadline: float
         lease_deadline=deadline,
         last_heartbeat=now,
     )
+
 
 class SqlStore:
     """The store on SQLite or PostgreSQL. Open it with `await SqlStore.open(url)`."""

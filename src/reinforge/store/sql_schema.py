@@ -8,6 +8,7 @@ A span is stored whole as JSON, so reading a page of spans is one parse per span
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from sqlalchemy import (
@@ -110,7 +111,11 @@ resources = Table(
 
 
 def rollout_from_row(row: Any) -> Rollout:
-    m = row._mapping
+    return rollout_from_mapping(row._mapping)
+
+
+def rollout_from_mapping(m: Mapping[str, Any]) -> Rollout:
+    """A Rollout from a `rollouts` row's columns by name (SQLAlchemy's row mapping, or a dict)."""
     return Rollout(
         rollout_id=m["rollout_id"],
         task=json.loads(m["task"]),
