@@ -484,13 +484,12 @@ def main() -> None:
     )
     overlap_load = os.getloadavg()[0]
 
-    ours_rate = report(
-        "reinforge Trainer.fit (store + gateway + engine + runner)",
-        ours["step_ends"],
-        ours["rewards"],
-        evaluate(ours["model"], tokenizer, held_out, args.max_tokens),
-        ours_load,
-    )
+    def report_side(name: str, side: dict[str, Any], load: float) -> float:
+        """`report` for one of reinforge's sides: its held-out success evaluated here."""
+        held = evaluate(side["model"], tokenizer, held_out, args.max_tokens)
+        return report(name, side["step_ends"], side["rewards"], held, load)
+
+    ours_rate = report_side("reinforge Trainer.fit (store + gateway + engine + runner)", ours, ours_load)
     print(f"  of which rollouts {ours['rollout_s']:.1f} s, policy updates {ours['update_s']:.1f} s")
     question, recorded = ours["recorded_prompt"]
     same = bool(recorded) and recorded == list(
@@ -499,26 +498,14 @@ def main() -> None:
     print(f"prompt check: the gateway recorded {'the same' if same else 'DIFFERENT'} token ids TRL gets")
     overlap_rate = None
     if overlap is not None:
-        overlap_rate = report(
-            "reinforge Trainer.fit, overlap_rollouts=True",
-            overlap["step_ends"],
-            overlap["rewards"],
-            evaluate(overlap["model"], tokenizer, held_out, args.max_tokens),
-            overlap_load,
-        )
+        overlap_rate = report_side("reinforge Trainer.fit, overlap_rollouts=True", overlap, overlap_load)
         print(
             f"  of which waiting for rollouts {overlap['rollout_s']:.1f} s, "
             f"policy updates {overlap['update_s']:.1f} s"
         )
     core_rate = None
     if core is not None:
-        core_rate = report(
-            "reinforge core (engine + Policy.update, no spine)",
-            core["step_ends"],
-            core["rewards"],
-            evaluate(core["model"], tokenizer, held_out, args.max_tokens),
-            core_load,
-        )
+        core_rate = report_side("reinforge core (engine + Policy.update, no spine)", core, core_load)
         print(f"  of which generation {core['generate_s']:.1f} s, policy updates {core['update_s']:.1f} s")
     if trl is None:
         print("TRL skipped (--skip-trl): no ratio")
