@@ -9,14 +9,19 @@ time. They run one after the other in this process's run (TRL in its own venv, `
 
 reinforge's side is the product path: `reinforge.training.Trainer.fit` with an agent that calls the
 policy through the OpenAI client → gateway → embedded engine, spans recorded in the store (SQLite),
-an in-process runner, credit/ → GRPO advantages → `Policy.update` → weights published to the engine.
+runners leasing from the store, credit/ → GRPO advantages → `Policy.update` → weights published to
+the engine. The agents run in `--runner-processes` (default 2) `reinforge runner` children
+(`TrainerConfig.runner_processes`: the agents' own Python then runs beside the trainer's instead of
+under its interpreter lock); `--runner-processes 0` runs them in the trainer's process.
 
 Printed: steps/s and the training reward of each side, then both final models evaluated by the same
 code on held-out questions (sampled at the training temperature, and greedy), and
-`RESULT trainer_steps_per_s_ratio_vs_trl=<ours / trl>` for `Trainer.fit` with its defaults. A third
-reinforge side runs `Trainer.fit` with `overlap_rollouts=True` (the next step's rollouts generated
-during this step's update, one policy version behind, TIS-corrected: not the default because it is
-not strictly on-policy) and prints `RESULT trainer_overlap_steps_per_s_ratio_vs_trl=<x>`.
+`RESULT trainer_steps_per_s_ratio_vs_trl=<ours / trl>` for `Trainer.fit` with its defaults apart
+from `runner_processes`. A third reinforge side runs `Trainer.fit` with `overlap_rollouts=True` (the
+next step's rollouts generated during this step's update, one policy version behind, TIS-corrected:
+not the default because it is not strictly on-policy) and prints
+`RESULT trainer_overlap_steps_per_s_ratio_vs_trl=<x>`. TRL runs with one torch thread
+(`--trl-threads 2` gives it both cores).
 
     .venv/bin/python benchmarks/trainer_bench.py            # 120 s per side
     .venv/bin/python benchmarks/trainer_bench.py --quick    # 15 s per side, a smoke run
@@ -206,7 +211,8 @@ def run_reinforge(
             val_every=0,
             checkpoint_every=0,
             engine_max_batch_size=args.prompts_per_step * args.group_size,
-            runner_concurrency=args.prompts_per_step * args.group_size,
+            runner_concurrency=-(-args.prompts_per_step * args.group_size // max(args.runner_processes, 1)),
+            runner_processes=args.runner_processes,
             progress=False,
             resume=False,
             seed=args.seed,
@@ -261,12 +267,18 @@ def run_trl(
         "seconds": args.seconds,
         "max_steps": 100_000,
         "seed": args.seed,
-        "threads": 1,
+        "threads": args.trl_threads,
     }
     config_path, out_path = work / "trl-config.json", work / "trl-result.json"
     config_path.write_text(json.dumps(config), encoding="utf-8")
     out_path.unlink(missing_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    threads = str(args.trl_threads)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(
         [str(TRL_PYTHON), str(Path(__file__).with_name("_trl_side.py")), str(config_path), str(out_path)],
@@ -439,6 +451,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--skip-overlap", action="store_true", help="skip the Trainer.fit side with overlap_rollouts=True"
     )
+    parser.add_argument(
+        "--runner-processes",
+        type=int,
+        default=2,
+        help="reinforge's TrainerConfig.runner_processes (0: agents in the trainer's process)",
+    )
+    parser.add_argument(
+        "--trl-threads", type=int, default=1, help="torch threads of the TRL side (2 uses both cores)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     return parser
 
@@ -462,7 +483,8 @@ def main() -> None:
     print(
         f"trainer_bench: warm start {warm}; {args.prompts_per_step} prompts x group {args.group_size} "
         f"per step, lr {args.learning_rate}, max_tokens {args.max_tokens}, {args.seconds:g} s per side, "
-        f"torch threads 1, load average {os.getloadavg()[0]:.1f} (2 cores, shared)"
+        f"torch threads 1 per process (TRL {args.trl_threads}), reinforge runner processes "
+        f"{args.runner_processes}, load average {os.getloadavg()[0]:.1f} (2 cores, shared)"
     )
     before = evaluate(model, tokenizer, held_out, args.max_tokens)
     print(

@@ -1,21 +1,16 @@
-"""Run a coroutine on uvloop when it is installed, as `reinforge store serve` does.
+"""Run a coroutine on uvloop when it is installed, as `reinforge store serve` and `reinforge runner` do.
 
 The benchmarks serve reinforge's apps from their own processes; they should run on the same event
-loop the shipped command picks, or the numbers would describe a configuration nobody runs.
+loop the shipped commands pick, or the numbers would describe a configuration nobody runs.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from reinforge._event_loop import run_on_fast_loop
+
 
 def run(main: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main())
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(main())
+    run_on_fast_loop(main)

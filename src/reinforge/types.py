@@ -43,33 +43,38 @@ def new_ordered_id() -> str:
     return f"{time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF:012x}{os.urandom(10).hex()}"
 
 
-class _SpanIds:
-    """Span ids as a counter from a random start, one counter per process.
+class CountingIds:
+    """Hex ids of `nbytes` bytes as a counter from a random start, one counter per process.
 
-    A span id has only 64 bits, too few to split into a time and enough randomness for ids from many
-    processes not to collide. Consecutive ids from one process are adjacent (their index entries go
-    to the same few pages, as with `new_ordered_id`), and two processes collide only if their ranges
-    of ids overlap: about as unlikely as two random ids being equal, per id used. A forked child
-    starts a range of its own, so parent and child never hand out the same ids.
+    For span ids (64 bits: too few to split into a time and enough randomness for ids from many
+    processes not to collide) and the gateway's response ids (which need only be unique, and would
+    otherwise cost a getrandom syscall per call). Consecutive ids from one process are adjacent
+    (their index entries go to the same few pages, as with `new_ordered_id`), and two processes
+    collide only if their ranges of ids overlap: about as unlikely as two random ids being equal,
+    per id used. A forked child starts a range of its own, so parent and child never hand out the
+    same ids. Not for anything that must be unguessable.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, nbytes: int) -> None:
+        self._nbytes = nbytes
+        self._mask = (1 << (8 * nbytes)) - 1
+        self._format = f"0{2 * nbytes}x"
         self._reseed()
         os.register_at_fork(after_in_child=self._reseed)
 
     def _reseed(self) -> None:
-        self._counter = itertools.count(int.from_bytes(os.urandom(8), "big"))
+        self._counter = itertools.count(int.from_bytes(os.urandom(self._nbytes), "big"))
 
     def __call__(self) -> str:
         # `next` on itertools.count is atomic under the GIL: threads never share an id.
         while True:
-            value = next(self._counter) & 0xFFFF_FFFF_FFFF_FFFF
+            value = next(self._counter) & self._mask
             if value:  # all zeros is OpenTelemetry's invalid span id
-                return f"{value:016x}"
+                return format(value, self._format)
 
 
-new_span_id = _SpanIds()
-"""A 16-hex-character span id; see `_SpanIds`."""
+new_span_id = CountingIds(8)
+"""A 16-hex-character span id; see `CountingIds`."""
 
 
 def now() -> float:

@@ -5,10 +5,14 @@ chunked bodies, `Connection: close`, and a parent app whose middleware must not 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import uvicorn
 from fastapi import FastAPI
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
@@ -16,7 +20,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from reinforge.gateway import ScriptedBackend, attempt_token, create_gateway_app
-from reinforge.gateway.fastpath import find_route, hot_routes
+from reinforge.gateway.fastpath import GatewayHttpProtocol, find_route, hot_routes
 from reinforge.serving import BackgroundServer
 from reinforge.store.memory import MemoryStore
 from reinforge.store.server import create_store_app
@@ -113,7 +117,7 @@ async def test_a_body_that_comes_after_the_head(served: Served) -> None:
     split = request.index(b"\r\n\r\n") + 4
     writer.write(request[:split])
     await writer.drain()
-    await asyncio.sleep(0.1)  # the handler is already waiting for the body
+    await asyncio.sleep(0.1)  # the request waits for its body before its handler starts
     writer.write(request[split : split + 5])
     await writer.drain()
     await asyncio.sleep(0.05)
@@ -144,13 +148,22 @@ async def test_a_chunked_body_and_connection_close(served: Served) -> None:
     writer.close()
 
 
-async def test_unauthorised_and_oversize_calls_keep_the_connection(tokenizer: Any) -> None:
+@contextlib.asynccontextmanager
+async def _small_body_limit_gateway(
+    tokenizer: Any,
+) -> AsyncIterator[tuple[str, asyncio.StreamReader, asyncio.StreamWriter]]:
+    """A gateway that takes bodies up to 1 KiB, a running attempt and a raw connection to it."""
     store = MemoryStore()
     app = create_gateway_app(store, ScriptedBackend(tokenizer, ["ok"]), SECRET, max_body_bytes=1024)
     with BackgroundServer(app) as server:
         served = Served(server.url, store, ScriptedBackend(tokenizer, ["x"]), app)
         attempt_id = (await running_attempt(store)).attempt.attempt_id
         reader, writer = await _connect(served)
+        yield attempt_id, reader, writer
+
+
+async def test_unauthorised_and_oversize_calls_keep_the_connection(tokenizer: Any) -> None:
+    async with _small_body_limit_gateway(tokenizer) as (attempt_id, reader, writer):
         writer.write(_request(attempt_id).replace(b"Bearer rf-", b"Bearer xx-"))
         status, _, body = await _read_response(reader)
         assert status == 401 and json.loads(body)["error"]["code"] == "invalid_api_key"
@@ -161,6 +174,30 @@ async def test_unauthorised_and_oversize_calls_keep_the_connection(tokenizer: An
         status, _, body = await _read_response(reader)
         assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "ok"
         writer.close()
+
+
+async def test_a_large_body_is_refused_from_its_head(tokenizer: Any) -> None:
+    """A body too large to buffer first is streamed: the size limit answers before it is sent."""
+    async with _small_body_limit_gateway(tokenizer) as (attempt_id, reader, writer):
+        head = _request(attempt_id, b"x" * 1_000_000).split(b"\r\n\r\n")[0] + b"\r\n\r\n"
+        writer.write(head)
+        status, _, body = await asyncio.wait_for(_read_response(reader), 10)
+        writer.close()
+        assert status == 413 and json.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+async def test_expect_100_continue_is_answered_before_the_body(served: Served) -> None:
+    attempt_id = (await running_attempt(served.store)).attempt.attempt_id
+    reader, writer = await _connect(served)
+    request = _request(attempt_id, extra="Expect: 100-continue\r\n")
+    split = request.index(b"\r\n\r\n") + 4
+    writer.write(request[:split])
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+    assert interim.startswith(b"HTTP/1.1 100 ")
+    writer.write(request[split:])
+    status, _, body = await _read_response(reader)
+    writer.close()
+    assert status == 200 and json.loads(body)["choices"][0]["message"]["content"] == "The answer is 5."
 
 
 async def test_a_parent_apps_middleware_still_runs(tokenizer: Any) -> None:
@@ -196,3 +233,33 @@ async def test_the_served_routes_skip_the_asgi_stack(tokenizer: Any) -> None:
             answer = await http.get("/probe")
             assert (answer.status_code, answer.content) == (200, b"no router")
             assert (await http.get("/health")).json()["status"] == "ok"
+
+
+async def test_keep_alive_closes_an_idle_connection_only(tokenizer: Any) -> None:
+    """A connection in use stays open past the keep-alive timeout; one left idle for it is closed."""
+    app = create_gateway_app(MemoryStore(), ScriptedBackend(tokenizer, ["x"]), SECRET)
+    config = uvicorn.Config(
+        app, http=GatewayHttpProtocol, timeout_keep_alive=0.5, log_level="warning", lifespan="off"
+    )
+    server = uvicorn.Server(config)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    while not server.started:
+        await asyncio.sleep(0.01)
+    reader, writer = await asyncio.open_connection(*listener.getsockname())
+    loop = asyncio.get_running_loop()
+    try:
+        started = loop.time()
+        while loop.time() - started < 1.2:  # over two timeouts' worth, never idle for one
+            writer.write(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
+            status, _, _ = await _read_response(reader)
+            assert status == 200
+            await asyncio.sleep(0.1)
+        idle_from = loop.time()
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # the server closed it
+        assert 0.4 < loop.time() - idle_from < 3.0
+    finally:
+        writer.close()
+        server.should_exit = True
+        await serving

@@ -126,3 +126,41 @@ async def test_a_silent_server_times_out_and_the_next_call_reconnects() -> None:
     listener.close()
     await listener.wait_closed()
     await asyncio.sleep(0.05)  # the handlers see the client's close and close their side
+
+
+async def test_each_call_times_out_at_its_own_deadline() -> None:
+    """Calls in flight share one timer: a shorter deadline than the one it is set for still fires on
+    time, and after it fires the next deadline still does."""
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0])
+                if await reader.readexactly(length) == b"answer":
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    client = KeepAliveClient(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}")
+    loop = asyncio.get_running_loop()
+    assert await client.post("/", b"answer", timeout=30) == (200, b"ok")  # its timer is set 30 s out
+    started = loop.time()
+    later, sooner, last = (
+        asyncio.create_task(client.post("/", b"silent", timeout=t)) for t in (0.6, 0.2, 30)
+    )
+    for call, timeout, by in ((sooner, 0.2, 0.55), (later, 0.6, 1.6)):  # sooner: before `later`'s
+        with pytest.raises(TimeoutError):
+            await call
+        assert timeout - 0.05 < loop.time() - started < by
+    assert not last.done()
+    assert await client.post("/", b"answer", timeout=5) == (200, b"ok")
+    last.cancel()
+    client.close()
+    listener.close()
+    await listener.wait_closed()
+    await asyncio.sleep(0.05)

@@ -276,6 +276,30 @@ async def test_agents_see_the_resources_version_they_run_with(stack: Stack) -> N
     assert seen[-1] == ("policy-v2", 2, "Q2: c")
 
 
+async def test_a_lease_batch_reads_its_resources_version_once(stack: Stack, monkeypatch: Any) -> None:
+    await stack.store.put_resources({"model": "policy-v0"})
+    reads: list[int | None] = []
+    real = stack.store.get_resources
+
+    async def slow_read(version: int | None = None) -> Any:
+        reads.append(version)
+        await asyncio.sleep(0.02)  # every attempt of the batch asks while the first read is out
+        return await real(version)
+
+    monkeypatch.setattr(stack.store, "get_resources", slow_read)
+    seen: list[int | None] = []
+
+    @reinforge.agent
+    def record(task: dict[str, Any], llm: LLM) -> float:
+        seen.append(llm.resources_version)
+        return 1.0
+
+    rollouts = await enqueue(stack.store, *({"q": i} for i in range(8)), resources_version=0)
+    await Runner(stack.store, record, stack.gateway_url, GATEWAY_SECRET, concurrency=8).run(max_rollouts=8)
+    assert [r.status for r in await wait_final(stack.store, rollouts)] == [RolloutStatus.succeeded] * 8
+    assert seen == [0] * 8 and reads == [0]
+
+
 async def test_drain_timeout_gives_running_attempts_back_for_a_retry(stack: Stack) -> None:
     started = asyncio.Event()
 

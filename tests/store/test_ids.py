@@ -6,8 +6,12 @@ import itertools
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
+from reinforge.gateway.service import new_id as gateway_response_id
 from reinforge.store._span_records import parse_span_batch
 from reinforge.store.sql import SqlStore
 from reinforge.types import RolloutSpec, Span, new_ordered_id, new_span_id
@@ -47,22 +51,30 @@ def test_models_and_the_fast_path_use_them() -> None:
     assert all(re.fullmatch(r"[0-9a-f]{32}", r.trace_id) for r in records)
 
 
-def test_a_forked_child_hands_out_other_span_ids() -> None:
+@pytest.mark.parametrize(
+    ("make", "width"), [(new_span_id, 16), (gateway_response_id, 24)], ids=["span", "gateway-response"]
+)
+def test_counting_ids_are_unique_hex_and_a_forked_child_has_its_own(
+    make: Callable[[], str], width: int
+) -> None:
+    ids = [make() for _ in range(1000)]
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(f"[0-9a-f]{{{width}}}", i) for i in ids)
     read, write = os.pipe()
-    parent_next = new_span_id()
+    parent_next = make()
     pid = os.fork()
     if pid == 0:  # the child: report its next id and leave without running the test runner's exit
-        os.write(write, new_span_id().encode())
+        os.write(write, make().encode())
         os._exit(0)
     os.close(write)
     child_next = os.read(read, 64).decode()
     os.close(read)
     os.waitpid(pid, 0)
-    mine = new_span_id()
-    assert re.fullmatch(r"[0-9a-f]{16}", child_next)
+    mine = make()
+    assert re.fullmatch(f"[0-9a-f]{{{width}}}", child_next)
     # Without a new start the child would hand out exactly the parent's next id.
     assert child_next != mine
-    assert (int(child_next, 16) - int(parent_next, 16)) % 2**64 != 1
+    assert (int(child_next, 16) - int(parent_next, 16)) % 2 ** (4 * width) != 1
 
 
 async def test_the_sql_store_makes_ordered_rollout_and_attempt_ids(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from sqlalchemy import Connection
 from reinforge.errors import InvalidRequestError
 from reinforge.store import SqlStore, sql_database
 from reinforge.store.sql_database import SqliteDatabase
-from reinforge.types import RolloutSpec, Span, SpanQuery
+from reinforge.types import AttemptOutcome, AttemptStatus, RolloutSpec, RolloutStatus, Span, SpanQuery
 
 from .durability import assert_acked_spans_present, write_until_killed
 
@@ -130,3 +130,38 @@ async def test_wal_starts_over_under_a_steady_stream_of_commits(
     assert len(salts) >= 3
     # Without starting over, the WAL would hold every commit: about 100 MB.
     assert 0 < largest < 48 * 1024 * 1024
+
+
+async def test_a_waiter_reads_once_for_a_batch_finished_one_by_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = await SqlStore.open(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        rollouts = await store.enqueue_rollouts([RolloutSpec(task={"i": i}) for i in range(10)])
+        others = await store.enqueue_rollouts([RolloutSpec(task={"other": True})])
+        leased = {lr.rollout.rollout_id: lr for lr in await store.lease_rollouts("r", 11, 60.0)}
+        reads: list[str] = []
+        real_write = store._write
+
+        async def counting(fn: Callable[..., object]) -> object:
+            reads.append(fn.__qualname__)
+            return await real_write(fn)
+
+        monkeypatch.setattr(store, "_write", counting)
+        ids = [r.rollout_id for r in rollouts]
+        waiter = asyncio.create_task(store.wait_for_rollouts(ids, 30.0))
+        await asyncio.sleep(0.05)
+        # Someone else's rollout finishing wakes the waiter, which sees it is not one of its own.
+        done = AttemptOutcome(status=AttemptStatus.succeeded, reward=1.0)
+        await store.finish_attempt(leased[others[0].rollout_id].attempt.attempt_id, done)
+        for rollout_id in ids[:-1]:
+            await store.finish_attempt(leased[rollout_id].attempt.attempt_id, done)
+            await asyncio.sleep(0)  # a commit each, and a wake-up each
+        await store.cancel_rollouts(ids[-1:])  # the last one ends another way
+        final = await asyncio.wait_for(waiter, 10.0)
+        assert [r.rollout_id for r in final] == ids
+        assert [r.status for r in final] == [RolloutStatus.succeeded] * 9 + [RolloutStatus.cancelled]
+        # One read before sleeping and one once all ten were reported final, not one per commit.
+        assert sum(1 for name in reads if name.startswith("SqlStore.wait_for_rollouts")) == 2
+    finally:
+        await store.close()

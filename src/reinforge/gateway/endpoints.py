@@ -63,8 +63,27 @@ def _stream_error(exc: BaseException) -> bytes:
     return b"data: " + error_body(status, message) + b"\n\n"
 
 
+class _JSONResponse(Response):
+    """A 200 JSON response with its two headers written directly.
+
+    Why: `Response.__init__` works its headers out through a generic path (media type, charset,
+    header merging) on every call; the gateway's own bodies always need the same two.
+    """
+
+    media_type = _JSON
+
+    def __init__(self, body: bytes) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = body
+        self.raw_headers = [
+            (b"content-length", str(len(body)).encode()),
+            (b"content-type", b"application/json"),
+        ]
+
+
 def _ok(body: dict[str, Any]) -> Response:
-    return Response(formats.dumps(body), media_type=_JSON)
+    return _JSONResponse(formats.dumps(body))
 
 
 class Endpoints:

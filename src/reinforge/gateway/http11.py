@@ -16,6 +16,9 @@ from urllib.parse import urlsplit
 
 import httptools
 
+_TIMER_SLACK_S = 0.001
+"""How early a timer may fire (loops keep time in milliseconds); a deadline this close has passed."""
+
 
 class HTTPConnectionError(ConnectionError):
     """The connection failed or closed before a whole response arrived."""
@@ -73,11 +76,6 @@ class _Connection(asyncio.Protocol):
         return not self.closed and self.keep_alive
 
 
-def _expire(waiter: asyncio.Future[tuple[int, bytes]]) -> None:
-    if not waiter.done():
-        waiter.set_exception(TimeoutError("the upstream did not answer in time"))
-
-
 class KeepAliveClient:
     """POSTs to one `http://host:port` origin over a pool of keep-alive connections (one event loop
     at a time)."""
@@ -95,6 +93,10 @@ class KeepAliveClient:
         self._max_idle = max_idle
         self._loop: asyncio.AbstractEventLoop | None = None
         """The loop the idle connections belong to."""
+        self._deadlines: dict[asyncio.Future[tuple[int, bytes]], float] = {}
+        """Each exchange in flight, by its deadline."""
+        self._alarm: asyncio.TimerHandle | None = None
+        self._alarm_at = 0.0
 
     async def post(
         self, path: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
@@ -106,7 +108,8 @@ class KeepAliveClient:
         request = head.encode() + body
         loop = asyncio.get_running_loop()  # once per call: on Python 3.11 each is a getpid() syscall
         if loop is not self._loop:
-            self._idle = []  # another loop's connections (that loop likely closed) can't serve this one
+            # Another loop's connections and timer (that loop likely closed) can't serve this one.
+            self._idle, self._deadlines, self._alarm = [], {}, None
             self._loop = loop
         deadline = loop.time() + timeout
         while self._idle:
@@ -130,9 +133,9 @@ class KeepAliveClient:
         assert conn.transport is not None
         waiter = conn.waiter = loop.create_future()
         conn.got_bytes = False
-        # A timer on the one future rather than `asyncio.timeout`, which costs a task lookup and a
-        # reschedule per call: measurable at the gateway's per-call budget.
-        timer = loop.call_at(deadline, _expire, waiter)
+        self._deadlines[waiter] = deadline
+        if self._alarm is None or deadline < self._alarm_at:
+            self._arm(loop, deadline)
         try:
             conn.transport.write(request)
             result = await waiter
@@ -140,7 +143,7 @@ class KeepAliveClient:
             conn.close()
             raise
         finally:
-            timer.cancel()
+            del self._deadlines[waiter]
             conn.waiter = None
         if conn.reusable and len(self._idle) < self._max_idle:
             self._idle.append(conn)
@@ -148,7 +151,32 @@ class KeepAliveClient:
             conn.close()
         return result
 
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        """One timer for every exchange in flight, set for the earliest deadline.
+
+        Why not a timer per exchange (or `asyncio.timeout`): creating and cancelling one costs more
+        per call than the rest of the client's own work. Calls share a timeout, so deadlines come in
+        order and the timer rarely moves; when it fires it fails the overdue exchanges and is set
+        again for the next deadline.
+        """
+        if self._alarm is not None:
+            self._alarm.cancel()
+        self._alarm, self._alarm_at = loop.call_at(when, self._expire, loop), when
+
+    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._alarm = None
+        now = loop.time() + _TIMER_SLACK_S
+        for waiter, deadline in list(self._deadlines.items()):
+            if deadline <= now:
+                if not waiter.done():
+                    waiter.set_exception(TimeoutError("the upstream did not answer in time"))
+            elif self._alarm is None or deadline < self._alarm_at:
+                self._arm(loop, deadline)
+
     def close(self) -> None:
         for conn in self._idle:
             conn.close()
         self._idle.clear()
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None

@@ -7,16 +7,15 @@ The HTTP handlers (`endpoints.py`) call into one `Gateway`; the trainer holds th
 from __future__ import annotations
 
 import asyncio
-import secrets
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, MutableMapping, Sequence
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 
 from reinforge import semconv
-from reinforge._headers import bearer_token, scope_header
+from reinforge._headers import bearer_token
 from reinforge.gateway import formats
 from reinforge.gateway.attempts import AttemptGuard, AttemptState
 from reinforge.gateway.auth import attempt_token, finish_token, token_matches
@@ -27,6 +26,7 @@ from reinforge.store.base import Store
 from reinforge.types import (
     AttemptOutcome,
     AttemptStatus,
+    CountingIds,
     Rollout,
     Span,
     SpanKind,
@@ -41,8 +41,31 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _MAX_CACHED_TOKENS = 65_536
 
 
-def new_id() -> str:
-    return secrets.token_hex(12)
+new_id = CountingIds(12)
+"""A 24-hex-character id for responses and their output items: unique, not secret, and made without
+a syscall on the hot path (see `CountingIds`)."""
+
+
+_HEADER_INDEX = "reinforge.gateway.headers"
+
+
+def header_index(scope: MutableMapping[str, Any]) -> dict[bytes, bytes]:
+    """The request's headers by (lower-case) name, the first value winning as in
+    `reinforge._headers.scope_header`; built once per request and kept in its scope.
+
+    Why not a scan per lookup: a call reads four or five headers, most of them absent, among the ~17
+    an OpenAI SDK sends; one `dict` built in C costs less than that many scans in Python.
+    """
+    index: dict[bytes, bytes] | None = scope.get(_HEADER_INDEX)
+    if index is None:
+        index = scope[_HEADER_INDEX] = dict(reversed(scope["headers"]))
+    return index
+
+
+def request_header(request: Request, name: bytes) -> str | None:
+    """The first value of header `name` (lower-case), or None."""
+    value = header_index(request.scope).get(name)
+    return None if value is None else value.decode("latin-1")
 
 
 def _traceparent(header: str | None) -> tuple[str, str] | None:
@@ -230,7 +253,7 @@ class Gateway:
     # -- request plumbing --------------------------------------------------------------------------
 
     def check_token(self, request: Request, attempt_id: str) -> None:
-        given = bearer_token(scope_header(request.scope, b"authorization"))
+        given = bearer_token(request_header(request, b"authorization"))
         if given is None:
             raise GatewayHTTPError(
                 401, "missing bearer token: send the attempt's token as the API key", code="missing_api_key"
@@ -242,7 +265,7 @@ class Gateway:
 
     def check_finish_token(self, request: Request, attempt_id: str) -> None:
         """Finishing needs the runner's token for the attempt; the agent's own token is refused."""
-        given = bearer_token(scope_header(request.scope, b"authorization"))
+        given = bearer_token(request_header(request, b"authorization"))
         if not token_matches(finish_token(self._secret, attempt_id), given):
             raise GatewayHTTPError(
                 401,
@@ -260,7 +283,7 @@ class Gateway:
 
     async def read_json(self, request: Request) -> Any:
         limit = self.max_body_bytes
-        length = scope_header(request.scope, b"content-length")
+        length = request_header(request, b"content-length")
         if length is not None:
             if not length.isdigit():
                 raise GatewayHTTPError(400, "invalid Content-Length header")
@@ -284,7 +307,7 @@ class Gateway:
 
     @staticmethod
     def agent_name(request: Request) -> str | None:
-        name = request.path_params.get("agent_name") or scope_header(request.scope, b"x-reinforge-agent")
+        name = request.path_params.get("agent_name") or request_header(request, b"x-reinforge-agent")
         return name or None
 
     def _check_result(self, result: GenerationResult) -> GenerationResult:
@@ -339,7 +362,7 @@ class Gateway:
         attributes: dict[str, Any],
         started: float,
     ) -> Span:
-        parent = _traceparent(scope_header(request.scope, b"traceparent"))
+        parent = _traceparent(request_header(request, b"traceparent"))
         trace_id, parent_id = parent if parent is not None else (state.trace_id, None)
         # Validated: pydantic-core checks these few fields faster than `model_construct` assigns them
         # in Python (about 2 us against 6 per span), and a bad id fails here, not in the store.

@@ -15,8 +15,12 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
+import os
+import sys
 from collections.abc import Awaitable, Callable
+from types import ModuleType
 from typing import Any, overload
 
 from reinforge.errors import InvalidRequestError
@@ -93,17 +97,40 @@ def as_agent(obj: object) -> Agent:
 
 
 def load_agent(spec: str) -> Agent:
-    """`module:attribute` (as in `reinforge runner --agent pkg.mod:solve`) resolved to an Agent."""
-    module_name, sep, attr = spec.partition(":")
+    """`module:attribute` (as in `reinforge runner --agent pkg.mod:solve`) resolved to an Agent.
+
+    The module may also be a script's path (`path/to/train.py:solve`): it is imported under another
+    name than `__main__`, so its `if __name__ == "__main__":` block does not run again.
+    """
+    module_name, sep, attr = spec.rpartition(":")
     if not sep or not module_name or not attr:
         raise InvalidRequestError(f"--agent must look like 'package.module:function', got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise InvalidRequestError(f"cannot import agent module {module_name!r}: {e}") from e
+    module = _import_script(module_name) if module_name.endswith(".py") else _import_module(module_name)
     obj: object = module
     for part in attr.split("."):
         if not hasattr(obj, part):
             raise InvalidRequestError(f"module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     return as_agent(obj)
+
+
+def _import_module(name: str) -> ModuleType:
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        raise InvalidRequestError(f"cannot import agent module {name!r}: {e}") from e
+
+
+def _import_script(path: str) -> ModuleType:
+    name = "__reinforge_agent_script__"
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None or not os.path.isfile(path):
+        raise InvalidRequestError(f"cannot import agent script {path!r}: no such file")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and pickling look the module up while it executes
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise InvalidRequestError(f"cannot import agent script {path!r}: {type(e).__name__}: {e}") from e
+    return module

@@ -3,11 +3,13 @@
 A rollout tagged with a resources version gets exactly that version (versions are immutable, so they
 are cached forever). An untagged rollout gets the latest version. That is re-fetched when the cached
 one is older than `max_age_s` or than the rollout itself, so "put resources, then enqueue" always
-shows the agent the new version, without a store call per attempt.
+shows the agent the new version, without a store call per attempt. A version the cache lacks is
+fetched once however many attempts ask for it at the same moment (a lease batch starts them together).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -40,11 +42,19 @@ class ResourcesCache:
         self._store = store
         self._max_age_s = max_age_s
         self._versions: dict[int, ResourcesVersion] = {}
+        self._fetching: dict[int, asyncio.Future[ResourcesVersion]] = {}
         self._latest: ResourcesVersion | None = None
         self._fetched_at: float | None = None
 
     async def prefetch(self, rollouts: Sequence[Rollout]) -> None:
-        """Refresh the latest version when a rollout of a new lease batch needs a fresher one."""
+        """Fetch the versions a new lease batch is tagged with, and refresh the latest version when an
+        untagged rollout of the batch needs a fresher one. A failed fetch is left to the attempts."""
+        for version in {r.resources_version for r in rollouts} - {None} - self._versions.keys():
+            assert version is not None
+            try:
+                await self._version(version)
+            except Exception:
+                continue  # each attempt asks again and reports its own failure
         untagged = [r.created_at for r in rollouts if r.resources_version is None]
         if not untagged:
             return
@@ -70,6 +80,18 @@ class ResourcesCache:
         found = self._versions.get(version)
         if found is None:
             # A missing version is the trainer's bug; the attempt fails (retryably) with a clear error.
-            found = await self._store.get_resources(version)
-            self._versions[version] = found
+            found = await self._version(version)
         return ResolvedResources(found.version, found.resources)
+
+    async def _version(self, version: int) -> ResourcesVersion:
+        """One store read per version, shared by everyone who asks while it is on its way."""
+        fetching = self._fetching.get(version)
+        if fetching is None:
+            fetching = self._fetching[version] = asyncio.ensure_future(self._store.get_resources(version))
+            try:
+                found = await asyncio.shield(fetching)
+            finally:
+                del self._fetching[version]
+            self._versions[version] = found
+            return found
+        return await asyncio.shield(fetching)

@@ -11,9 +11,9 @@ import asyncio
 import contextlib
 import os
 import socket
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 import uvicorn
@@ -22,6 +22,7 @@ from rich.table import Table
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from reinforge._event_loop import run_on_fast_loop
 from reinforge.errors import ReinforgeError
 from reinforge.store.auth import TOKEN_ENV, load_or_create_token, resolve_client_token, token_path
 from reinforge.store.base import Store
@@ -45,17 +46,6 @@ def _without_password(db_url: str) -> str:
         return make_url(db_url).render_as_string(hide_password=True)
     except ArgumentError:
         return db_url
-
-
-def _run(coro_factory: Callable[[], Coroutine[Any, Any, None]]) -> None:
-    """Run on uvloop when it is installed (faster HTTP serving), else on asyncio's default loop."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(coro_factory())
-        return
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        runner.run(coro_factory())
 
 
 class _Server(uvicorn.Server):
@@ -135,7 +125,7 @@ def serve(
             typer.echo(f"  dashboard: {url}/dashboard#token={token}")
         await serving
 
-    _run(main)
+    run_on_fast_loop(main)
     if not server.started:
         shown = _without_password(db_url)
         typer.echo(f"error: the store server did not start (database {shown}); see the log above", err=True)
@@ -203,7 +193,7 @@ def status(
         result.append(await fetch())
 
     try:
-        _run(main)
+        run_on_fast_loop(main)
     except ReinforgeError as exc:
         typer.echo(f"error: {type(exc).__name__}: {exc}", err=True)
         raise typer.Exit(1) from exc

@@ -19,7 +19,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic_core import PydanticSerializationError, to_json
@@ -34,7 +34,7 @@ from sqlalchemy import (
 
 from reinforge.errors import ConflictError, InvalidRequestError, NotFoundError, StaleAttemptError
 from reinforge.store import _rules, _sqlite_ops
-from reinforge.store._notify import Signal
+from reinforge.store._notify import Signal, Watch
 from reinforge.store._span_records import SpanRecord
 from reinforge.store.sql_database import Database, PostgresDatabase, Synchronous, open_database
 from reinforge.store.sql_schema import (
@@ -81,6 +81,16 @@ class _Effects:
 
     queued: bool = False
     finalised: bool = False
+    finalised_ids: set[str] | None = field(default_factory=set)
+    """The rollouts it made final (None: some without a name), so a waiter can tell whether any of
+    its own were among them without a query."""
+
+    def finalise(self, rollout_id: str | None) -> None:
+        self.finalised = True
+        if rollout_id is None:
+            self.finalised_ids = None
+        elif self.finalised_ids is not None:
+            self.finalised_ids.add(rollout_id)
 
 
 class _Raise:
@@ -194,7 +204,7 @@ class SqlStore:
         if fx.queued:
             self._queued.fire()
         if fx.finalised:
-            self._finalised.fire()
+            self._finalised.fire(fx.finalised_ids)
         if isinstance(result, _Raise):
             raise result.error
         return result
@@ -235,7 +245,8 @@ class SqlStore:
                 }
             )
             fx.queued |= status is RolloutStatus.queued
-            fx.finalised |= status.is_final
+            if status.is_final:
+                fx.finalise(None)  # the expiry reads rollouts by number, not by id
         conn.execute(q.set_attempt_error, attempt_rows)
         conn.execute(q.expire_rollouts, rollout_rows)
 
@@ -431,7 +442,8 @@ class SqlStore:
                 rollout.reward = outcome.reward
             self._finish_rollout_tx(conn, seq, rollout, now)
             fx.queued |= status is RolloutStatus.queued
-            fx.finalised |= status.is_final
+            if status.is_final:
+                fx.finalise(rollout.rollout_id)
             return rollout
 
         return await self._write(tx)
@@ -500,7 +512,8 @@ class SqlStore:
                         current_attempt_id=None,
                     )
                 )
-                fx.finalised = True
+                for r in live:
+                    fx.finalise(r.rollout_id)
             out = {}
             for r in rows:
                 rollout = rollout_from_row(r)
@@ -681,10 +694,31 @@ class SqlStore:
                 finished, next_deadline = await self._write(tx)
                 first = False
                 done.update((r.rollout_id, r) for r in finished)
-                remaining = deadline - time.monotonic()
-                if len(done) == len(ids) or remaining <= 0:
+                if len(done) == len(ids) or deadline - time.monotonic() <= 0:
                     return [done[i] for i in ids if i in done]
-                await watch.wait(self._sleep_for(remaining, next_deadline))
+                await self._until_all_reported(watch, ids, done, deadline, next_deadline)
+
+    async def _until_all_reported(
+        self,
+        watch: Watch,
+        ids: Sequence[str],
+        done: dict[str, Rollout],
+        deadline: float,
+        next_deadline: float | None,
+    ) -> None:
+        """Sleep until every rollout still awaited was reported final, a fire named nothing, a lease
+        may have expired, or the wait is over: one read for a whole batch, not one per commit."""
+        waiting = {i for i in ids if i not in done}
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await watch.wait(self._sleep_for(remaining, next_deadline)):
+                return
+            reported = watch.take_keys()
+            if reported is None:
+                return
+            waiting -= reported
+            if not waiting:
+                return
 
     # -- resources --------------------------------------------------------------------------------
 

@@ -39,6 +39,11 @@ class TrainerConfig(BaseModel):
         checkpoint_every: checkpoint every N steps (0: only at the end); `resume` picks the latest.
         keep_checkpoints: how many checkpoints to keep on disk.
         runners: in-process runners; each runs up to `runner_concurrency` attempts at once.
+        runner_processes: run the agents in this many `reinforge runner` child processes instead of
+            in-process runners (each child runs up to `runner_concurrency` attempts). Agents' Python
+            then runs beside the trainer's, not under its interpreter lock: on a machine with two
+            or more cores this is the faster setting. The agent must be importable by name (a
+            module-level function or class). 0 keeps the runners in this process.
         rollout_timeout_s: the most one attempt may take.
         step_timeout_s: the most one step's rollouts may take before the stragglers are cancelled.
         lora: train LoRA adapters instead of the full model.
@@ -75,6 +80,7 @@ class TrainerConfig(BaseModel):
     keep_checkpoints: int = Field(default=2, ge=1)
     runners: int = Field(default=1, ge=1)
     runner_concurrency: int = Field(default=64, ge=1)
+    runner_processes: int = Field(default=0, ge=0)
     rollout_timeout_s: float = Field(default=120.0, gt=0)
     step_timeout_s: float = Field(default=600.0, gt=0)
     lora: LoraSettings | None = None

@@ -1,4 +1,5 @@
-"""The serving side of a training run: store server with the gateway mounted, engine, in-process runners.
+"""The serving side of a training run: store server with the gateway mounted, engine, runners (in this
+process, or `reinforge runner` children: see `runner_processes.py`).
 
 Agents reach the policy only through the gateway over HTTP (as any external agent would), the gateway
 records every call into the store, and runners lease rollouts from the same store. The trainer talks
@@ -12,8 +13,9 @@ import asyncio
 import contextlib
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -26,7 +28,10 @@ from reinforge.serving import BackgroundServer
 from reinforge.store.auth import load_or_create_token
 from reinforge.store.base import Store
 from reinforge.store.server import create_store_app
+from reinforge.training.runner_processes import RunnerProcesses, RunnerProcessSettings, agent_reference
 from reinforge.types import LeasedRollout
+
+T = TypeVar("T")
 
 GATEWAY_MOUNT = "/gateway"
 MODEL_NAME = "reinforge-policy"
@@ -70,6 +75,7 @@ class Spine:
         # Mounted apps get no lifespan events; the gateway binds to the serving loop on first use.
         self.server = BackgroundServer(store_app)
         self._runners: list[asyncio.Task[object]] = []
+        self._processes: RunnerProcesses | None = None
         self._stop = asyncio.Event()
 
     @property
@@ -91,13 +97,36 @@ class Spine:
         runners: int = 1,
         concurrency: int = 64,
         timeout_s: float | None = None,
+        processes: int = 0,
+        runner_id_prefix: str = "trainer",
     ) -> Spine:
+        """Serve, then run `agent`: `runners` runners in this process, or, with `processes` > 0, that
+        many `reinforge runner` children instead (each running up to `concurrency` attempts)."""
+        reference = agent_reference(agent) if processes > 0 else None  # refuse before starting anything
         self.engine.start()
         await asyncio.to_thread(self.server.start)
         url_file = self.run_dir / "store.url"
         tmp = url_file.with_suffix(".tmp")
         tmp.write_text(self.url + "\n", encoding="utf-8")
         os.replace(tmp, url_file)
+        if reference is not None:
+            self._processes = RunnerProcesses(
+                RunnerProcessSettings(
+                    agent=reference,
+                    store_url=self.url,
+                    store_token=self.store_token,
+                    gateway_url=self.gateway_url,
+                    gateway_secret=self.gateway_secret,
+                    concurrency=concurrency,
+                    model=MODEL_NAME,
+                    timeout_s=timeout_s,
+                    log_dir=self.run_dir / "logs",
+                ),
+                processes,
+                id_prefix=f"{runner_id_prefix}-process",
+            )
+            self._processes.start()
+            return self
         for i in range(runners):
             runner = Runner(
                 self.store,
@@ -105,7 +134,7 @@ class Spine:
                 self.gateway_url,
                 self.gateway_secret,
                 concurrency=concurrency,
-                runner_id=f"trainer-runner-{i}",
+                runner_id=f"{runner_id_prefix}-runner-{i}",
                 timeout_s=timeout_s,
                 poll_seconds=1.0,
                 model=MODEL_NAME,
@@ -119,11 +148,33 @@ class Spine:
         """The gateway learns of each leased attempt from the runner beside it, not from the store."""
         self.gateway.attempts.remember_running(lr.attempt for lr in leased)
 
+    @property
+    def runner_pids(self) -> list[int]:
+        """The runner children's process ids (none when the runners run in this process)."""
+        return self._processes.pids if self._processes is not None else []
+
     def check_runners(self) -> None:
         """Raise a runner's crash here, in the trainer, instead of waiting for rollouts that never come."""
         for task in self._runners:
             if task.done() and not task.cancelled() and task.exception() is not None:
                 raise RuntimeError(f"runner {task.get_name()} crashed") from task.exception()
+        if self._processes is not None:
+            self._processes.check()
+
+    async def watch(self, work: Awaitable[T], every_s: float = 0.5) -> T:
+        """Await `work`, but fail as soon as a runner dies (its rollouts would never finish)."""
+        task = asyncio.ensure_future(work)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=every_s)
+            if done:
+                return task.result()
+            try:
+                self.check_runners()
+            except BaseException:
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
+                raise
 
     async def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Serve `state` as policy `version`: new calls wait while the weights are swapped."""
@@ -135,6 +186,8 @@ class Spine:
 
     async def stop(self) -> None:
         self._stop.set()
+        if self._processes is not None:
+            await asyncio.to_thread(self._processes.stop)
         if self._runners:
             await asyncio.wait(self._runners, timeout=30)
         for task in self._runners:

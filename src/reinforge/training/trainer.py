@@ -186,7 +186,11 @@ class Trainer:
         )
         session = new_id()[:8]
         await spine.start(
-            agent, runners=cfg.runners, concurrency=cfg.runner_concurrency, timeout_s=cfg.rollout_timeout_s
+            agent,
+            runners=cfg.runners,
+            concurrency=cfg.runner_concurrency,
+            timeout_s=cfg.rollout_timeout_s,
+            processes=cfg.runner_processes,
         )
         if checkpoint is not None:
             await spine.publish(policy.engine_state(), version)
@@ -203,14 +207,16 @@ class Trainer:
             )
             for key, temperature in runs:
                 rv = await store.put_resources(self._resources(version, temperature))
-                rollouts = await run_rollouts(
-                    store,
-                    list(enumerate(val)),
-                    prefix=f"{session}-{tag}-{key.split('/')[1]}",
-                    group_size=1,
-                    mode=RolloutMode.val,
-                    resources_version=rv.version,
-                    timeout_s=cfg.step_timeout_s,
+                rollouts = await spine.watch(
+                    run_rollouts(
+                        store,
+                        list(enumerate(val)),
+                        prefix=f"{session}-{tag}-{key.split('/')[1]}",
+                        group_size=1,
+                        mode=RolloutMode.val,
+                        resources_version=rv.version,
+                        timeout_s=cfg.step_timeout_s,
+                    )
                 )
                 out[key] = success_rate(rollouts)
             return out
@@ -257,7 +263,7 @@ class Trainer:
                 step += 1
                 ids = ahead if ahead is not None else await start_step(step)
                 ahead = None
-                rollouts = await finish_rollouts(store, ids, cfg.step_timeout_s)
+                rollouts = await spine.watch(finish_rollouts(store, ids, cfg.step_timeout_s))
                 t_rollout = time.monotonic() - t0
                 sampler_state = sampler.state_dict()
                 if cfg.overlap_rollouts and step < cfg.max_steps and budget_left(2):
