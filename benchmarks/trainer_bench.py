@@ -20,8 +20,9 @@ code on held-out questions (sampled at the training temperature, and greedy), an
 from `runner_processes`. A third reinforge side runs `Trainer.fit` with `overlap_rollouts=True` (the
 next step's rollouts generated during this step's update, one policy version behind, TIS-corrected:
 not the default because it is not strictly on-policy) and prints
-`RESULT trainer_overlap_steps_per_s_ratio_vs_trl=<x>`. TRL runs with one torch thread
-(`--trl-threads 2` gives it both cores).
+`RESULT trainer_overlap_steps_per_s_ratio_vs_trl=<x>`. TRL runs with one torch thread;
+`--trl-threads 2` gives it both cores, as reinforge's runner processes and threads have (on the
+2-core machine TRL then ran 1.6x faster: compare with that too).
 
     .venv/bin/python benchmarks/trainer_bench.py            # 120 s per side
     .venv/bin/python benchmarks/trainer_bench.py --quick    # 15 s per side, a smoke run
