@@ -106,12 +106,22 @@ def load_agent(spec: str) -> Agent:
     if not sep or not module_name or not attr:
         raise InvalidRequestError(f"--agent must look like 'package.module:function', got {spec!r}")
     module = _import_script(module_name) if module_name.endswith(".py") else _import_module(module_name)
-    obj: object = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise InvalidRequestError(f"module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
+    obj = attribute_at(module, attr)
+    if obj is _MISSING:
+        raise InvalidRequestError(f"module {module_name!r} has no attribute {attr!r}")
     return as_agent(obj)
+
+
+_MISSING = object()
+
+
+def attribute_at(obj: object, dotted: str) -> object:
+    """`obj.a.b` for `dotted` "a.b", or `_MISSING` when a part is absent."""
+    for part in dotted.split("."):
+        obj = getattr(obj, part, _MISSING)
+        if obj is _MISSING:
+            break
+    return obj
 
 
 def _import_module(name: str) -> ModuleType:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from reinforge.errors import InvalidRequestError
-from reinforge.runner.agent import Agent
+from reinforge.runner.agent import Agent, attribute_at
 from reinforge.runner.command import CommandAgent
 
 _LOG_TAIL_CHARS = 2000
@@ -55,7 +55,7 @@ def agent_reference(agent: object) -> str:
                 f"{module_name!r}; assign it to one, or pass its class"
             )
         qualname = names[0]
-    elif "<" in qualname or _resolve(module, qualname) is not agent:
+    elif "<" in qualname or attribute_at(module, qualname) is not agent:
         raise InvalidRequestError(
             f"runner_processes: {qualname!r} in {module_name!r} can't be imported by name (a lambda, a "
             "nested function or a rebound name); define the agent at module level"
@@ -68,13 +68,6 @@ def agent_reference(agent: object) -> str:
             )
         return f"{Path(path).resolve()}:{qualname}"
     return f"{module_name}:{qualname}"
-
-
-def _resolve(module: object, qualname: str) -> object:
-    obj = module
-    for part in qualname.split("."):
-        obj = getattr(obj, part, None)
-    return obj
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,6 @@ class Spine:
         concurrency: int = 64,
         timeout_s: float | None = None,
         processes: int = 0,
-        runner_id_prefix: str = "trainer",
     ) -> Spine:
         """Serve, then run `agent`: `runners` runners in this process, or, with `processes` > 0, that
         many `reinforge runner` children instead (each running up to `concurrency` attempts)."""
@@ -123,7 +122,7 @@ class Spine:
                     log_dir=self.run_dir / "logs",
                 ),
                 processes,
-                id_prefix=f"{runner_id_prefix}-process",
+                id_prefix="trainer-process",
             )
             self._processes.start()
             return self
@@ -134,7 +133,7 @@ class Spine:
                 self.gateway_url,
                 self.gateway_secret,
                 concurrency=concurrency,
-                runner_id=f"{runner_id_prefix}-runner-{i}",
+                runner_id=f"trainer-runner-{i}",
                 timeout_s=timeout_s,
                 poll_seconds=1.0,
                 model=MODEL_NAME,
