@@ -12,7 +12,10 @@ policy through the OpenAI client → gateway → embedded engine, spans recorded
 runners leasing from the store, credit/ → GRPO advantages → `Policy.update` → weights published to
 the engine. The agents run in `--runner-processes` (default 2) `reinforge runner` children
 (`TrainerConfig.runner_processes`: the agents' own Python then runs beside the trainer's instead of
-under its interpreter lock); `--runner-processes 0` runs them in the trainer's process.
+under its interpreter lock); `--runner-processes 0` runs them in the trainer's process. The runners
+have room for two steps' rollouts, so that `Trainer.fit`'s default `prefetch_rollouts` starts the
+next step's agents while this step generates (their calls wait at the gateway for the new weights:
+still strictly on-policy).
 
 Printed: steps/s and the training reward of each side, then both final models evaluated by the same
 code on held-out questions (sampled at the training temperature, and greedy), and
@@ -212,7 +215,9 @@ def run_reinforge(
             val_every=0,
             checkpoint_every=0,
             engine_max_batch_size=args.prompts_per_step * args.group_size,
-            runner_concurrency=-(-args.prompts_per_step * args.group_size // max(args.runner_processes, 1)),
+            runner_concurrency=-(
+                -2 * args.prompts_per_step * args.group_size // max(args.runner_processes, 1)
+            ),
             runner_processes=args.runner_processes,
             progress=False,
             resume=False,

@@ -76,3 +76,66 @@ async def test_cpu_prefix_sharing_can_be_turned_off(
     )
     assert len({tuple(o.token_ids) for o in outs}) == 1
     assert engine.stats()["prefix_cached_tokens"] == 0
+
+
+async def test_cpu_tasks_sharing_a_template_compute_only_their_own_tokens(
+    llama: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, make_engine: Callable[..., Engine]
+) -> None:
+    """A training step's batch: several tasks behind one chat template and tools, each asked by a
+    group of identical prompts, all arriving at once. The template is computed once, each task's
+    own tokens once, and each other member of a group only its last token; outputs stay exact."""
+    template = _long_prompt(tokenizer, "You are a calculator agent. Call the tool, then answer.")
+    questions = [f" Question {q}: what is {q} times {q + 3}?" for q in (2, 5, 7)]
+    tasks = [template + tokenizer(q)["input_ids"] for q in questions]
+    group = 4
+    greedy = SamplingParams(temperature=0, max_tokens=5)
+    engine = make_engine(llama, tokenizer, max_batch_size=16)
+    outs = await asyncio.gather(*(engine.generate(t, greedy) for t in tasks for _ in range(group)))
+    for i, task in enumerate(tasks):
+        expected = hf_greedy(llama, task, 5, tokenizer.eos_token_id)
+        assert all(out.token_ids == expected for out in outs[i * group : (i + 1) * group])
+    shared_template = len(template)  # at least: the questions differ right after it
+    cached = engine.stats()["prefix_cached_tokens"]
+    # First task in full; the other tasks copy the template; every other group member copies all but
+    # its last token.
+    assert cached >= (len(tasks) - 1) * shared_template + sum((group - 1) * (len(t) - 1) for t in tasks)
+
+
+def test_cpu_moving_many_slots_reads_every_source_before_writing(
+    llama: torch.nn.Module,
+) -> None:
+    """Repacking slots after several sequences end moves caches along a chain (4 -> 3, then the
+    sequence now at 3 -> 1); done in one copy, each destination gets its source's original cache."""
+    from reinforge.engine.runner import SlotCacheRunner
+
+    runner = SlotCacheRunner(llama, max_slots=8, max_seq_len=64)
+    runner.prefill(0, [[5 + i] * 6 for i in range(5)])
+    before = runner._k.clone()
+    runner.move_many([(4, 1, 6), (2, 0, 6)])  # slot 1 takes slot 4's cache, slot 0 takes slot 2's
+    assert torch.equal(runner._k[:, 1, :, :6], before[:, 4, :, :6])
+    assert torch.equal(runner._k[:, 0, :, :6], before[:, 2, :, :6])
+    runner.move_many([(3, 2, 6), (2, 4, 6)])  # a destination that is also another move's source
+    assert torch.equal(runner._k[:, 2, :, :6], before[:, 3, :, :6])
+    assert torch.equal(runner._k[:, 4, :, :6], before[:, 2, :, :6])
+
+
+def test_cpu_padded_prefill_attention_equals_one_call_per_prompt(llama: torch.nn.Module) -> None:
+    """Prompts of different lengths, some behind a cached prefix: one padded attention call gives the
+    logits a call per prompt gives."""
+    from reinforge.engine import runner as runner_module
+    from reinforge.engine.runner import SlotCacheRunner
+
+    prompts_ = [[3, 4, 5, 6, 7, 8, 9], [3, 4, 5, 6, 11], [3, 4, 5, 6, 12, 13, 14, 15, 16], [20, 21]]
+    results = []
+    for cheap in (True, False):
+        runner = SlotCacheRunner(llama, max_slots=8, max_seq_len=64)
+        original = runner_module._pads_cheaply
+        runner_module._pads_cheaply = lambda starts, lens, cheap=cheap: cheap  # type: ignore[assignment]
+        try:
+            first = runner.prefill(0, prompts_[:1])
+            runner.move_many([(0, 1, 4), (0, 2, 4)])
+            rest = runner.prefill(1, prompts_[1:], [4, 4, 0])
+        finally:
+            runner_module._pads_cheaply = original
+        results.append(torch.cat([first, rest]))
+    assert torch.allclose(results[0], results[1], atol=1e-5, rtol=0)

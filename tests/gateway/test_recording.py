@@ -159,6 +159,43 @@ async def test_pause_drains_in_flight_and_holds_new_calls(tokenizer: Any) -> Non
         assert [s.attributes[semconv.ATTR_POLICY_VERSION] for s in spans] == [0, 1]
 
 
+async def test_calls_of_held_rollouts_wait_for_their_policy_version(tokenizer: Any) -> None:
+    backend = ScriptedBackend(tokenizer, ["ok"])
+    for served in serve(backend):
+        gateway = served.gateway
+        free = await running_attempt(served.store)
+        held = await running_attempt(served.store)
+        dropped = await running_attempt(served.store)
+        gateway.hold_rollouts([held.rollout.rollout_id, dropped.rollout.rollout_id], version=1)
+        assert gateway.held == 2
+
+        def call(leased: Any, served: Served = served) -> asyncio.Task[Any]:
+            client = served.client(leased.attempt.attempt_id)
+            return asyncio.create_task(client.chat.completions.create(model="p", messages=MESSAGES))  # type: ignore[arg-type]
+
+        waiting, cancelled = call(held), call(dropped)
+        # A rollout nobody holds goes straight through while the others wait.
+        assert (await asyncio.wait_for(call(free), 5)).choices[0].message.content == "ok"
+        await asyncio.sleep(0.2)
+        assert not waiting.done() and not cancelled.done() and gateway.in_flight == 0
+        gateway.release_version(0)  # an older version releases nothing
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        gateway.drop_holds([dropped.rollout.rollout_id])
+        with pytest.raises(openai.ConflictError, match="cancelled before the policy version"):
+            await asyncio.wait_for(cancelled, 5)
+        assert not waiting.done()
+        backend.policy_version = 1  # what the trainer publishes before releasing the version
+        gateway.release_version(1)
+        assert (await asyncio.wait_for(waiting, 5)).choices[0].message.content == "ok"
+        assert gateway.held == 0
+        await gateway.flush()
+        spans = (await served.store.query_spans(SpanQuery(attempt_id=held.attempt.attempt_id))).items
+        assert [s.attributes[semconv.ATTR_POLICY_VERSION] for s in spans] == [1]
+        # Later calls of a released rollout are not held again.
+        assert (await asyncio.wait_for(call(held), 5)).choices[0].message.content == "ok"
+
+
 async def test_attempt_is_looked_up_once_for_many_calls(served: Served) -> None:
     attempt_id = (await running_attempt(served.store)).attempt.attempt_id
     client = served.client(attempt_id)
@@ -218,6 +255,38 @@ async def test_mounted_beside_the_store_server(tokenizer: Any) -> None:
         assert [s.name for s in spans] == [semconv.SPAN_LLM_CALL]
         with pytest.raises(openai.NotFoundError):
             await served.client("missing").chat.completions.create(model="p", messages=MESSAGES)  # type: ignore[arg-type]
+
+
+async def test_the_gateway_beside_the_store_learns_of_attempts_leased_over_http(tokenizer: Any) -> None:
+    """Runner processes lease from the store server: its lease route tells the gateway mounted beside
+    it, so their calls need no store lookup."""
+    from reinforge.store.client import HttpStoreClient
+    from reinforge.types import RolloutSpec
+
+    store = MemoryStore()
+    gateway_app = create_gateway_app(store, ScriptedBackend(tokenizer, ["leased"]), SECRET)
+    gateway = gateway_app.state.gateway
+
+    def tell_gateway(leased: list[Any]) -> None:
+        gateway.attempts.remember_running(lr.attempt for lr in leased)
+
+    store_app = create_store_app(store, "store-token", on_lease=tell_gateway)
+    store_app.mount("/gateway", gateway_app)
+    with BackgroundServer(store_app) as server:
+        await store.enqueue_rollouts([RolloutSpec(task={"q": i}) for i in range(3)])
+        remote = HttpStoreClient(server.url, "store-token")
+        try:
+            leased = await remote.lease_rollouts("remote-runner", max_rollouts=3)
+        finally:
+            await remote.close()
+        assert len(leased) == 3
+        served = Served(server.url + "/gateway", store, ScriptedBackend(tokenizer, ["x"]), None)
+        for lr in leased:
+            response = await served.client(lr.attempt.attempt_id).chat.completions.create(  # type: ignore[call-overload]
+                model="p", messages=MESSAGES
+            )
+            assert response.choices[0].message.content == "leased"
+        assert gateway.attempts.lookups == 0
 
 
 async def test_shutdown_writes_the_spans_still_queued(tokenizer: Any) -> None:

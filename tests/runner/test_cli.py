@@ -162,3 +162,44 @@ async def test_signals_stop_the_runner_first_gently_then_at_once(stack: Stack, t
         assert attempt.status == AttemptStatus.failed and attempt.error == "the runner stopped"
     finally:
         await store.close()
+
+
+def test_a_runner_exits_when_its_parent_dies(tmp_path: Path) -> None:
+    """`--exit-with-parent`: a trainer killed with SIGKILL leaves no runner process behind."""
+    import time
+
+    launcher = tmp_path / "launcher.py"
+    launcher.write_text(
+        "import os, subprocess, sys, time\n"
+        "child = subprocess.Popen([sys.executable, '-m', 'reinforge', 'runner', '--store',"
+        " 'http://127.0.0.1:9', '--gateway-secret', 's', '--agent', 'reinforge.demo.agent:calc_agent',"
+        " '--exit-with-parent', str(os.getpid())])\n"
+        "print(child.pid, flush=True)\n"
+        "time.sleep(600)\n",
+        encoding="utf-8",
+    )
+    parent = subprocess.Popen([sys.executable, str(launcher)], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child_pid = int(parent.stdout.readline())
+    try:
+        time.sleep(1.0)
+        assert _alive(child_pid), "the runner keeps running while its parent lives"
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 30
+        while _alive(child_pid) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not _alive(child_pid), "the runner outlived its parent"
+    finally:
+        parent.kill()
+        if _alive(child_pid):
+            os.kill(child_pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie, dead but not yet reaped by its new parent, counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -63,3 +63,58 @@ async def test_transitions_come_from_the_attempt_the_records_pick(tmp_path: Path
             assert got == want
     finally:
         await store.close()
+
+
+async def test_finish_and_collect_reads_each_rollout_as_it_ends_and_keeps_the_given_order(
+    tmp_path: Path,
+) -> None:
+    """Rollouts ending in reverse order, one of them never: the ones that ended come back with their
+    transitions in the order asked for, the straggler is cancelled at the timeout."""
+    import asyncio
+
+    from reinforge.training.rollouts import finish_and_collect
+
+    store = await open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    try:
+        ids = ["a", "b", "c", "stuck"]
+        await store.enqueue_rollouts([RolloutSpec(rollout_id=r, task={"q": r}, group_id="g") for r in ids])
+        attempts = {x.rollout.rollout_id: x.attempt.attempt_id for x in await store.lease_rollouts("w", 4)}
+        reads: list[int] = []
+        real_query = store.query_spans
+
+        async def counted(query: SpanQuery) -> object:
+            reads.append(1)
+            return await real_query(query)
+
+        store.query_spans = counted  # type: ignore[method-assign]
+
+        async def finish_in_reverse() -> None:
+            for n, rollout_id in enumerate(["c", "b", "a"]):
+                await asyncio.sleep(0.3)
+                attempt = attempts[rollout_id]
+                span = llm_span([1], [2 + n], t=float(n), rollout_id=rollout_id, attempt_id=attempt)
+                await store.add_spans([span])
+                await store.finish_attempt(attempt, AttemptOutcome(status=AttemptStatus.succeeded, reward=n))
+                if rollout_id == "c":
+                    await asyncio.sleep(0.2)
+                    assert reads == [1], "c's spans were read while the others still ran"
+
+        finishing = asyncio.create_task(finish_in_reverse())
+        rollouts, transitions, metrics = await finish_and_collect(
+            store, ids, timeout_s=2.0, credit=CreditConfig(), poll_s=0.05
+        )
+        await finishing
+        assert [(r.rollout_id, r.status) for r in rollouts] == [
+            ("a", RolloutStatus.succeeded),
+            ("b", RolloutStatus.succeeded),
+            ("c", RolloutStatus.succeeded),
+            ("stuck", RolloutStatus.cancelled),
+        ]
+        assert [(t.rollout_id, t.response_ids, t.reward) for t in transitions] == [
+            ("a", [4], 2.0),
+            ("b", [3], 1.0),
+            ("c", [2], 0.0),
+        ]
+        assert metrics.transitions == 3
+    finally:
+        await store.close()

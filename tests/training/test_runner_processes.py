@@ -94,9 +94,13 @@ def test_fit_runs_agents_in_runner_processes(tokenizer: Any, tmp_path: Path, mon
     started: list[Any] = []
     real_start = spine_module.Spine.start
 
+    niceness: list[int] = []
+
     async def remember(self: Any, *args: Any, **kwargs: Any) -> Any:
         started.append(self)
-        return await real_start(self, *args, **kwargs)
+        spine = await real_start(self, *args, **kwargs)
+        niceness.extend(os.getpriority(os.PRIO_PROCESS, pid) for pid in spine.runner_pids)
+        return spine
 
     monkeypatch.setattr(spine_module.Spine, "start", remember)
     trainer = Trainer(
@@ -118,6 +122,8 @@ def test_fit_runs_agents_in_runner_processes(tokenizer: Any, tmp_path: Path, mon
     # summary (a child still importing when two tiny steps are over ends without one).
     pids = started[0].runner_pids
     assert len(pids) == 2 and not any(_alive(pid) for pid in pids)
+    # The children ran at a lower CPU priority than the trainer (runner_processes_nice, default 10).
+    assert niceness == [min(os.getpriority(os.PRIO_PROCESS, 0) + 10, 19)] * 2
     logs = [(tmp_path / "logs" / f"runner-{i}.log").read_text() for i in range(2)]
     leased = [int(m) for log in logs for m in re.findall(r"runner done: leased (\d+)", log)]
     assert sum(leased) == 16

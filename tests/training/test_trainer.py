@@ -200,3 +200,60 @@ def test_overlapped_rollouts_train_one_version_behind_and_leave_nothing_running(
     assert meta.sampler == {"epoch": 0, "position": 6}
     meta, _, _ = load_checkpoint(tmp_path / "checkpoints" / "step-000002")
     assert meta.step == 2 and meta.sampler == {"epoch": 0, "position": 4}
+
+
+async def _step_times(run_dir: Path) -> dict[int, tuple[float, float]]:
+    """Per training step: when its first attempt was leased, and when its last rollout ended."""
+    from reinforge.store.factory import open_store
+    from reinforge.types import AttemptQuery, RolloutQuery
+
+    store = await open_store(f"sqlite:///{(run_dir / 'store.db').resolve()}")
+    try:
+        rollouts = (await store.query_rollouts(RolloutQuery(limit=1000))).items
+        attempts = (await store.query_attempts(AttemptQuery(limit=1000))).items
+    finally:
+        await store.close()
+    step_of = {r.rollout_id: int(r.rollout_id.split("-s")[1].split("-")[0]) for r in rollouts}
+    times: dict[int, tuple[float, float]] = {}
+    for step in set(step_of.values()):
+        leased = min(a.started_at for a in attempts if step_of[a.rollout_id] == step)
+        ended = max(r.finished_at or 0.0 for r in rollouts if step_of[r.rollout_id] == step)
+        times[step] = (leased, ended)
+    return times
+
+
+@pytest.mark.parametrize("runner_concurrency", [16, 8], ids=["while-generating", "during-update"])
+def test_prefetched_rollouts_start_early_yet_are_sampled_by_the_version_they_train(
+    tokenizer: Any, tmp_path: Path, runner_concurrency: int
+) -> None:
+    """With room for two steps' rollouts (16 slots, 8 a step) the next step's agents start while this
+    step generates; with room for one, during the update. Either way every call waits at the gateway
+    for the version its step trains (strictly on-policy), and nothing is left behind."""
+    import asyncio
+
+    trainer = Trainer(
+        small_model(tokenizer),
+        tokenizer,
+        algorithm=GRPO(group_size=4),
+        config=config(tmp_path, max_steps=3, runner_concurrency=runner_concurrency, prefetch_rollouts=True),
+    )
+    result = trainer.fit(parity_agent, TRAIN)
+    steps = [r for r in result.history if "train/reward" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3] and result.policy_version == 3
+    assert all(r["train/rollouts"] == 8 and r["credit/transitions"] == 8 for r in steps)
+    by_status, calls = asyncio.run(_store_snapshot(tmp_path))
+    assert by_status == {"succeeded": 24}
+    versions: dict[int, set[int]] = {}
+    for rollout_id, version in calls:
+        versions.setdefault(int(rollout_id.split("-s")[1].split("-")[0]), set()).add(version)
+    assert versions == {1: {0}, 2: {1}, 3: {2}}
+    times = asyncio.run(_step_times(tmp_path))
+    for step in (2, 3):
+        leased, _ = times[step]
+        _, previous_ended = times[step - 1]
+        if runner_concurrency == 16:
+            assert leased < previous_ended, "leased while the previous step was still generating"
+        else:
+            assert leased >= previous_ended, "one step's rollouts fill every slot: no early lease"
+    meta, _, _ = load_checkpoint(tmp_path / "checkpoints" / "step-000002")
+    assert meta.step == 2 and meta.sampler == {"epoch": 0, "position": 4}

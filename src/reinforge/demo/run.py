@@ -41,6 +41,9 @@ class DemoSettings(BaseModel):
     val_every: int = Field(default=0, ge=0)
     checkpoint_every: int = Field(default=5, ge=0)
     credit_mode: Literal["merged", "per_call"] = "merged"
+    runner_processes: int = Field(default=2, ge=0)
+    """The agents run in this many `reinforge runner` children (0: in the trainer's process); with two,
+    the demo ran 181 RL steps in its 5 minutes instead of 116-121."""
     seed: int = 0
     progress: bool = True
 
@@ -93,7 +96,8 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
     console.print(
         f"calc demo: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M-parameter Llama from {warm}; "
         f"GRPO {settings.tasks_per_step} tasks x {settings.group_size} per step, "
-        f"{settings.minutes:g} min budget"
+        f"{settings.minutes:g} min budget, agents in "
+        + (f"{settings.runner_processes} runner processes" if settings.runner_processes else "this process")
     )
     trainer = Trainer(
         model,
@@ -114,6 +118,7 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
             max_tokens=48,
             engine_max_batch_size=128,
             runner_concurrency=128,
+            runner_processes=settings.runner_processes,
             seed=settings.seed,
             progress=settings.progress,
         ),

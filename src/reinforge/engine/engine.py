@@ -95,6 +95,15 @@ class _Sequence:
         return len(self.prompt) + self.max_new
 
 
+_Prefill = tuple["_Sequence", "_Sequence | None", int]
+"""A newcomer, the sequence whose cached prefix it copies (None: computed in full), and that prefix's
+length."""
+
+_MAX_PREFILL_WAVES = 4
+"""Prefill waves per admission at most (each a forward of its own): deeper chains of donors would cost
+more forwards than the shared prefixes save."""
+
+
 @dataclass
 class _Update:
     state: Mapping[str, torch.Tensor]
@@ -366,8 +375,7 @@ class Engine:
             self._waiting = collections.deque(s for s in self._waiting if not s.cancelled)
             cancelled = [s for s in self._running if s.cancelled]
             update = self._updates[0] if self._updates else None
-        for seq in sorted(cancelled, key=lambda s: s.slot, reverse=True):
-            self._release(seq)
+        self._release(cancelled)
         if update is not None and not self._running:
             self._apply_update()
             update = None
@@ -411,76 +419,82 @@ class Engine:
             batch = [*self._running, *chosen]
             longest = max([s.length for s in self._running] + [len(s.prompt) for s in chosen])
             self._runner.reserve(len(batch), min(max(s.reserved for s in batch), max(64, 2 * longest)))
-        leaders, followers = self._match_prefixes(sorted(chosen, key=lambda s: len(s.prompt)))
         sampled: list[tuple[list[_Sequence], list[int], list[float]]] = []
-        for group in self._prefill_groups(leaders, lambda s: len(s.prompt)):
-            first = len(self._running)
-            logits = self._runner.prefill(first, [s.prompt for s in group])
-            sampled.append((group, *sample(logits, [s.row for s in group], self._shared_gen)))
-            self._enter(group, first)
-        tail = {id(seq): len(seq.prompt) - shared for seq, _, shared in followers}
-        shared_of = {id(seq): (donor, shared) for seq, donor, shared in followers}
-        for group in self._prefill_groups([f[0] for f in followers], lambda s: tail[id(s)]):
-            first = len(self._running)
-            cached = []
-            for i, seq in enumerate(group):
-                donor, shared = shared_of[id(seq)]
-                self._runner.move(donor.slot, first + i, shared)
-                cached.append(shared)
-            logits = self._runner.prefill(first, [s.prompt for s in group], cached)
-            sampled.append((group, *sample(logits, [s.row for s in group], self._shared_gen)))
-            self._enter(group, first)
-            self._prefix_hits += sum(cached)
+        for wave in self._plan_prefill(sorted(chosen, key=lambda s: len(s.prompt))):
+            for group in self._prefill_groups(wave, lambda item: len(item[0].prompt) - item[2]):
+                first = len(self._running)
+                seqs = [seq for seq, _, _ in group]
+                cached = [shared for _, _, shared in group]
+                self._runner.move_many(
+                    [(donor.slot, first + i, shared) for i, (_, donor, shared) in enumerate(group) if donor]
+                )
+                logits = self._runner.prefill(first, [s.prompt for s in seqs], cached)
+                sampled.append((seqs, *sample(logits, [s.row for s in seqs], self._shared_gen)))
+                self._enter(seqs, first)
+                self._prefix_hits += sum(cached)
         # Accept only now: accepting may finish sequences and repack slots, which donors must not see.
-        for group, tokens, logprobs in sampled:
-            self._accept(group, tokens, logprobs, events)
+        for admitted, tokens, logprobs in sampled:
+            self._accept(admitted, tokens, logprobs, events)
         self._admitting = []
 
-    def _match_prefixes(
-        self, chosen: list[_Sequence]
-    ) -> tuple[list[_Sequence], list[tuple[_Sequence, _Sequence, int]]]:
-        """Split newcomers into leaders (prefilled in full) and followers, whose prompt starts with at
-        least `prefix_min_tokens` tokens already cached by a running sequence or a leader (a group of
-        rollouts of one task, a conversation that goes on): their KV is copied, not recomputed."""
+    def _plan_prefill(self, chosen: list[_Sequence]) -> list[list[_Prefill]]:
+        """Waves of prefill for the newcomers: each copies the KV of the longest prefix (at least
+        `prefix_min_tokens`) that a running sequence or a newcomer of an earlier wave has cached
+        (rollouts of one task, tasks sharing a chat template and tools, a conversation going on),
+        and computes only the rest. A wave is prefilled after the ones before it, so a group of
+        identical prompts computes one prompt in full and one token for each of the others.
+        """
         k = self.prefix_min_tokens
         if not k:
-            return chosen, []
+            return [[(seq, None, 0) for seq in chosen]]
         donors: dict[tuple[int, ...], list[tuple[_Sequence, list[int]]]] = {}
         for seq in self._running:
             cached = (seq.prompt + seq.tokens)[: seq.length]
             if len(cached) >= k:
                 donors.setdefault(tuple(cached[:k]), []).append((seq, cached))
-        leaders: list[_Sequence] = []
-        followers: list[tuple[_Sequence, _Sequence, int]] = []
+        wave_of: dict[int, int] = {}  # id(newcomer) -> its wave; running donors are wave -1
+        first_of: dict[tuple[int, ...], _Sequence] = {}  # identical prompts copy the first one
+        waves: list[list[_Prefill]] = []
         for seq in chosen:
-            best: _Sequence | None = None
-            best_len = 0
-            for donor, tokens in donors.get(tuple(seq.prompt[:k]), []):
-                # At least the prompt's last token is computed: its logits give the first sample.
-                shared = _common_prefix(tokens, seq.prompt, len(seq.prompt) - 1)
-                if shared > best_len:
-                    best, best_len = donor, shared
-            if best is not None and best_len >= k:
-                followers.append((seq, best, best_len))
+            prompt = seq.prompt
+            twin = first_of.get(tuple(prompt))
+            donor: _Sequence | None = None
+            shared = 0
+            if twin is not None and len(prompt) > k and wave_of[id(twin)] + 1 < _MAX_PREFILL_WAVES:
+                donor, shared = twin, len(prompt) - 1  # at least the last token is computed
             else:
-                leaders.append(seq)
-                if len(seq.prompt) >= k:
-                    donors.setdefault(tuple(seq.prompt[:k]), []).append((seq, seq.prompt))
-        return leaders, followers
+                for candidate, tokens in donors.get(tuple(prompt[:k]), []):
+                    wave = wave_of.get(id(candidate), -1)
+                    if wave + 1 >= _MAX_PREFILL_WAVES:
+                        continue
+                    n = _common_prefix(tokens, prompt, len(prompt) - 1)
+                    shallower = donor is not None and wave < wave_of.get(id(donor), -1)
+                    if n > shared or (n == shared and shallower):
+                        donor, shared = candidate, n
+                if shared < k:
+                    donor, shared = None, 0
+                if twin is None:
+                    first_of[tuple(prompt)] = seq
+                    if len(prompt) >= k:
+                        donors.setdefault(tuple(prompt[:k]), []).append((seq, prompt))
+            wave = wave_of.get(id(donor), -1) + 1 if donor is not None else 0
+            wave_of[id(seq)] = wave
+            while len(waves) <= wave:
+                waves.append([])
+            waves[wave].append((seq, donor, shared))
+        return waves
 
-    def _prefill_groups(
-        self, seqs: list[_Sequence], cost: Callable[[_Sequence], int]
-    ) -> list[list[_Sequence]]:
+    def _prefill_groups(self, items: list[_Prefill], cost: Callable[[_Prefill], int]) -> list[list[_Prefill]]:
         """Batches of at most `prefill_max_tokens` computed tokens (the runner packs prompts without
         padding), in order of cost, so a forward's activation memory stays bounded."""
-        groups: list[list[_Sequence]] = []
+        groups: list[list[_Prefill]] = []
         used = 0
-        for seq in sorted(seqs, key=cost):
-            if not groups or used + cost(seq) > self.prefill_max_tokens:
+        for item in sorted(items, key=cost):
+            if not groups or used + cost(item) > self.prefill_max_tokens:
                 groups.append([])
                 used = 0
-            groups[-1].append(seq)
-            used += cost(seq)
+            groups[-1].append(item)
+            used += cost(item)
         return groups
 
     def _enter(self, group: list[_Sequence], first: int) -> None:
@@ -524,8 +538,7 @@ class Engine:
             if seq.finish_reason is not None:
                 events.append((seq, ("done", self._output(seq))))
                 finished.append(seq)
-        for seq in sorted(finished, key=lambda s: s.slot, reverse=True):
-            self._release(seq)
+        self._release(finished)
 
     def _output(self, seq: _Sequence) -> EngineOutput:
         assert seq.finish_reason is not None
@@ -546,14 +559,20 @@ class Engine:
             num_prompt_tokens=len(seq.prompt),
         )
 
-    def _release(self, seq: _Sequence) -> None:
-        """Free `seq`'s slot, moving the last running sequence into it so slots stay packed."""
+    def _release(self, ended: list[_Sequence]) -> None:
+        """Free the slots of `ended`, moving the last running sequences into them so slots stay
+        packed; the caches move in one copy (from each moved sequence's slot before any move)."""
+        if not ended:
+            return
+        moved: dict[int, tuple[_Sequence, int]] = {}  # id -> (sequence, its slot before this call)
         with self._cond:
-            last = self._running.pop()
-            if last is not seq:
-                self._runner.move(last.slot, seq.slot, last.length)
-                last.slot = seq.slot
-                self._running[seq.slot] = last
+            for seq in sorted(ended, key=lambda s: s.slot, reverse=True):
+                last = self._running.pop()
+                if last is not seq:
+                    moved.setdefault(id(last), (last, last.slot))
+                    last.slot = seq.slot
+                    self._running[seq.slot] = last
+        self._runner.move_many([(was, s.slot, s.length) for s, was in moved.values() if was != s.slot])
 
     def _deliver(self, events: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, tuple[str, Any]]]] = {}

@@ -21,6 +21,7 @@ Two runners share one interface:
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Protocol
 
 import torch
@@ -34,6 +35,18 @@ FAST_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 # much as reading tens of thousands of positions, so buckets are cut only for large savings there.
 _BUCKET_OVERHEAD = {"cpu": 128}
 _BUCKET_OVERHEAD_ACCELERATOR = 32768
+
+
+_PADDED_CALL_SAVING = 4096
+"""What one attention call fewer is worth in attention scores computed (on CPU a call costs about as
+much as a few thousand scores); prefill pads prompts together while the padding costs less."""
+
+
+def _pads_cheaply(starts: list[int], lens: list[int]) -> bool:
+    """Whether one padded attention call beats one call per prompt for this prefill batch."""
+    exact = sum(n * (c + n) for c, n in zip(starts, lens, strict=True))
+    padded = len(lens) * max(lens) * max(c + n for c, n in zip(starts, lens, strict=True))
+    return padded <= 2 * exact + _PADDED_CALL_SAVING * (len(lens) - 1)
 
 
 class ModelRunner(Protocol):
@@ -53,6 +66,12 @@ class ModelRunner(Protocol):
 
     def move(self, src: int, dst: int, length: int) -> None:
         """Copy the first `length` cached positions of slot `src` into slot `dst` (`src` is unchanged)."""
+        ...
+
+    def move_many(self, moves: list[tuple[int, int, int]]) -> None:
+        """Several `move(src, dst, length)`s at once, every source read before any destination is
+        written; positions past a move's `length` may be copied too (they are written before they
+        are ever read)."""
         ...
 
     def refresh_weights(self) -> None:
@@ -201,19 +220,9 @@ class SlotCacheRunner:
         rows = torch.tensor(slot_of, device=self.device)
         total = len(positions)
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        gqa = kv != h
         x = F.embedding(ids.to(self.device), self.embed)
         cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
-        # Per prompt: its offset in the packed batch, its cached prefix and its causal mask over the
-        # cache (None when nothing is cached: plain causal attention).
-        spans: list[tuple[int, int, int, torch.Tensor | None]] = []
-        offset = 0
-        for c, n in zip(starts, lens, strict=True):
-            mask = None
-            if c:
-                mask = self._arange[: c + n][None, :] <= (c + self._arange[:n])[:, None]
-            spans.append((offset, c, n, mask))
-            offset += n
+        attend = self._padded_attention if _pads_cheaply(starts, lens) else self._attention_per_prompt
         for index, layer in enumerate(self.layers):
             hidden = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
             qkv = F.linear(hidden, layer.qkv_w, layer.qkv_b)
@@ -221,18 +230,57 @@ class SlotCacheRunner:
             v = qkv[:, (h + kv) * d :].view(total, kv, d)
             self._k[index, rows, :, pos] = qk[:, h:]
             self._v[index, rows, :, pos] = v
-            attn = torch.empty(total, h, d, device=self.device, dtype=self.dtype)
-            for i, (off, c, n, mask) in enumerate(spans):
-                q = qk[off : off + n, :h].transpose(0, 1)[None]
-                keys = self._k[index, first_slot + i, :, : c + n][None]
-                values = self._v[index, first_slot + i, :, : c + n][None]
-                out = F.scaled_dot_product_attention(
-                    q, keys, values, attn_mask=mask, is_causal=mask is None, enable_gqa=gqa
-                )
-                attn[off : off + n] = out[0].transpose(0, 1)
-            x = self._mlp(layer, x + F.linear(attn.view(total, h * d), layer.o_w, layer.o_b))
-        last = torch.tensor([off + n - 1 for off, _, n, _ in spans], device=self.device)
+            attn = attend(index, first_slot, qk[:, :h], starts, lens)
+            x = self._mlp(layer, x + F.linear(attn.reshape(total, h * d), layer.o_w, layer.o_b))
+        last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
         return self._logits(x[last])
+
+    def _attention_per_prompt(
+        self, index: int, first_slot: int, q: torch.Tensor, starts: list[int], lens: list[int]
+    ) -> torch.Tensor:
+        """Prefill attention one prompt at a time (`q` packed `[tokens, heads, head_dim]`): no padding,
+        one attention call per prompt; for batches whose lengths differ widely."""
+        gqa = self.num_kv_heads != self.num_heads
+        attn = torch.empty_like(q)
+        offset = 0
+        for i, (c, n) in enumerate(zip(starts, lens, strict=True)):
+            mask = None
+            if c:  # a causal mask over the cached prefix too
+                mask = self._arange[: c + n][None, :] <= (c + self._arange[:n])[:, None]
+            out = F.scaled_dot_product_attention(
+                q[offset : offset + n].transpose(0, 1)[None],
+                self._k[index, first_slot + i, :, : c + n][None],
+                self._v[index, first_slot + i, :, : c + n][None],
+                attn_mask=mask,
+                is_causal=mask is None,
+                enable_gqa=gqa,
+            )
+            attn[offset : offset + n] = out[0].transpose(0, 1)
+            offset += n
+        return attn
+
+    def _padded_attention(
+        self, index: int, first_slot: int, q: torch.Tensor, starts: list[int], lens: list[int]
+    ) -> torch.Tensor:
+        """Prefill attention for every prompt in one call: queries padded to the longest prompt, keys
+        read from the prompts' slots up to the longest cached + new length, a mask per prompt (query
+        j of prompt i sees positions up to starts[i] + j). One call instead of one per prompt: with
+        many short prompts (a group of rollouts of one task, mostly cached) the calls dominated."""
+        m, width = len(lens), max(lens)
+        span = max(c + n for c, n in zip(starts, lens, strict=True))
+        heads, dim = q.shape[1], q.shape[2]
+        where = torch.tensor([i * width + j for i, n in enumerate(lens) for j in range(n)]).to(self.device)
+        padded = q.new_zeros(m * width, heads, dim).index_copy_(0, where, q)
+        query_pos = torch.tensor(starts, device=self.device)[:, None] + self._arange[:width][None, :]
+        mask = (self._arange[:span][None, None, :] <= query_pos[:, :, None])[:, None]
+        out = F.scaled_dot_product_attention(
+            padded.view(m, width, heads, dim).transpose(1, 2),
+            self._k[index, first_slot : first_slot + m, :, :span],
+            self._v[index, first_slot : first_slot + m, :, :span],
+            attn_mask=mask,
+            enable_gqa=self.num_kv_heads != self.num_heads,
+        )
+        return out.transpose(1, 2).reshape(m * width, heads, dim).index_select(0, where)
 
     def _buckets(self, positions: list[int]) -> list[tuple[int, int, int]]:
         """Split slots `0..n-1` into contiguous runs `(start, end, span)` that each attend over their
@@ -313,6 +361,20 @@ class SlotCacheRunner:
             self._k[:, dst, :, :length] = self._k[:, src, :, :length]
             self._v[:, dst, :, :length] = self._v[:, src, :, :length]
 
+    @torch.inference_mode()
+    def move_many(self, moves: list[tuple[int, int, int]]) -> None:
+        moves = [m for m in moves if m[2]]
+        if len(moves) <= 1:
+            for src, dst, length in moves:
+                self.move(src, dst, length)
+            return
+        length = max(n for _, _, n in moves)
+        self._ensure_capacity(max(max(s, d) for s, d, _ in moves) + 1, length)
+        sources = torch.tensor([s for s, _, _ in moves], device=self.device)
+        targets = torch.tensor([d for _, d, _ in moves], device=self.device)
+        self._k[:, targets, :, :length] = self._k[:, sources, :, :length]
+        self._v[:, targets, :, :length] = self._v[:, sources, :, :length]
+
 
 class RecomputeRunner:
     """Exact for any causal LM: each step reruns every sequence in full, left-padded (no KV cache)."""
@@ -359,6 +421,11 @@ class RecomputeRunner:
 
     def move(self, src: int, dst: int, length: int) -> None:
         self._seqs[dst] = self._seqs[src][:length]
+
+    def move_many(self, moves: list[tuple[int, int, int]]) -> None:
+        copies = [(dst, self._seqs[src][:length]) for src, dst, length in moves]
+        for dst, tokens in copies:
+            self._seqs[dst] = tokens
 
 
 def _next_pow2(n: int) -> int:

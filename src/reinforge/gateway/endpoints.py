@@ -94,7 +94,7 @@ class Endpoints:
 
     async def chat(self, request: Request) -> Response:
         g = self.g
-        state = await g.authorize(request)
+        state = await g.authorize_generation(request)
         data = await g.read_json(request)
         body = parse_body(ChatCompletionBody, data)
         gen = chat_request(body)
@@ -191,7 +191,7 @@ class Endpoints:
 
     async def completions(self, request: Request) -> Response:
         g = self.g
-        state = await g.authorize(request)
+        state = await g.authorize_generation(request)
         data = await g.read_json(request)
         body = parse_body(CompletionBody, data)
         gen = completion_request(body)
@@ -285,7 +285,7 @@ class Endpoints:
 
     async def responses(self, request: Request) -> Response:
         g = self.g
-        state = await g.authorize(request)
+        state = await g.authorize_generation(request)
         data = await g.read_json(request)
         body = parse_body(ResponsesBody, data)
         gen = responses_request(body)

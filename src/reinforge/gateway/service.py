@@ -1,7 +1,8 @@
-"""The gateway's state: backend, attempt checks, span recorder, and the pause gate.
+"""The gateway's state: backend, attempt checks, span recorder, the pause gate and policy holds.
 
 The HTTP handlers (`endpoints.py`) call into one `Gateway`; the trainer holds the same object (at
-`app.state.gateway`) to pause the gateway around a weight update and to flush an attempt's spans.
+`app.state.gateway`) to pause the gateway around a weight update, to hold the next step's calls until
+the policy version they must be sampled by is published, and to flush an attempt's spans.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, MutableMapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, MutableMapping, Sequence
 from typing import Any, TypeVar
 
 from starlette.requests import Request
@@ -45,6 +46,9 @@ new_id = CountingIds(12)
 """A 24-hex-character id for responses and their output items: unique, not secret, and made without
 a syscall on the hot path (see `CountingIds`)."""
 
+
+_DROPPED = -1
+"""The version a cancelled rollout's holds are set to: its waiting calls end with a 409."""
 
 _HEADER_INDEX = "reinforge.gateway.headers"
 
@@ -120,6 +124,10 @@ class Gateway:
         self._idle: asyncio.Event | None = None
         self._inflight = 0
         self.calls = 0
+        self._holds: dict[str, int] = {}
+        """rollout id -> the policy version its LLM calls wait for (`hold_rollouts`)."""
+        self._released_version = -1
+        self._holds_changed: asyncio.Event | None = None
 
     # -- lifecycle and cross-thread control ---------------------------------------------------------
 
@@ -134,6 +142,7 @@ class Gateway:
             self._open.set()
         self._idle = asyncio.Event()
         self._idle.set()
+        self._holds_changed = asyncio.Event()
         self.recorder.start()
 
     async def _on_loop(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -166,6 +175,71 @@ class Gateway:
             gate.set()
         else:
             loop.call_soon_threadsafe(gate.set)
+
+    def hold_rollouts(self, rollout_ids: Iterable[str], version: int) -> None:
+        """Make the LLM calls of these rollouts wait until policy `version` is released
+        (`release_version`), so that agents can start before their weights are published.
+
+        Call it before the rollouts are enqueued; safe from any thread (it only adds entries).
+        """
+        for rollout_id in rollout_ids:
+            self._holds[rollout_id] = version
+
+    def release_version(self, version: int) -> None:
+        """Policy `version` is being served: let the calls held for it (or an older one) through."""
+        self._on_loop_soon(lambda: self._release(version))
+
+    def drop_holds(self, rollout_ids: Iterable[str]) -> None:
+        """These rollouts were cancelled: their held calls get a 409 instead of waiting on."""
+        ids = list(rollout_ids)
+        self._on_loop_soon(lambda: self._drop(ids))
+
+    def _on_loop_soon(self, callback: Callable[[], None]) -> None:
+        loop = self._loop
+        if loop is None or threading.get_ident() == self._thread_id:
+            callback()
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(callback)
+
+    def _release(self, version: int) -> None:
+        self._released_version = max(self._released_version, version)
+        for rollout_id, held_for in list(self._holds.items()):
+            if 0 <= held_for <= version:
+                del self._holds[rollout_id]
+        self._wake_held()
+
+    def _drop(self, rollout_ids: list[str]) -> None:
+        for rollout_id in rollout_ids:
+            if rollout_id in self._holds:
+                self._holds[rollout_id] = _DROPPED
+        self._wake_held()
+
+    def _wake_held(self) -> None:
+        if self._holds_changed is not None:
+            self._holds_changed.set()
+            self._holds_changed = asyncio.Event()
+
+    async def _wait_for_policy(self, state: AttemptState) -> None:
+        """Wait while the attempt's rollout is held for a policy version not yet released."""
+        while True:
+            version = self._holds.get(state.rollout_id)
+            if version is None or 0 <= version <= self._released_version:
+                return
+            if version == _DROPPED:
+                del self._holds[state.rollout_id]
+                raise GatewayHTTPError(
+                    409,
+                    f"rollout {state.rollout_id!r} was cancelled before the policy version its calls "
+                    "were waiting for was published",
+                    code="attempt_not_running",
+                )
+            assert self._holds_changed is not None
+            await self._holds_changed.wait()
+
+    @property
+    def held(self) -> int:
+        """Rollouts whose calls are held for a policy version not yet released."""
+        return sum(1 for version in self._holds.values() if version > self._released_version)
 
     @property
     def paused(self) -> bool:
@@ -280,6 +354,13 @@ class Gateway:
         attempt_id = request.path_params["attempt_id"]
         self.check_token(request, attempt_id)
         return await self.attempts.require_running(attempt_id)
+
+    async def authorize_generation(self, request: Request) -> AttemptState:
+        """`authorize`, then wait while the attempt's rollout is held for an unreleased policy."""
+        state = await self.authorize(request)
+        if self._holds:
+            await self._wait_for_policy(state)
+        return state
 
     async def read_json(self, request: Request) -> Any:
         limit = self.max_body_bytes

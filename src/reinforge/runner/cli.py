@@ -4,7 +4,8 @@
         --gateway-secret "$SECRET" --agent mypkg.agents:solve --concurrency 8
 
 Ctrl-C / SIGTERM stops leasing and lets running attempts finish; a second one stops them at once (the
-store retries them).
+store retries them). With `--exit-with-parent PID` the runner also stops at once when its parent dies
+(a trainer killed with SIGKILL leaves no runner processes behind).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ from reinforge.runner.command import CommandAgent
 from reinforge.runner.runner import DEFAULT_MODEL, Runner, RunnerStats
 from reinforge.types import RolloutMode
 
+PARENT_CHECK_S = 1.0
+"""How often a runner started with --exit-with-parent checks that its parent is alive."""
+
 
 def _gateway_url(gateway: str | None, store: str) -> str:
     if gateway:
@@ -34,7 +38,9 @@ def _gateway_url(gateway: str | None, store: str) -> str:
     raise ReinforgeError("--gateway is required unless --store is an http(s) store serving /gateway")
 
 
-async def _serve(runner: Runner, max_rollouts: int | None) -> tuple[RunnerStats, bool]:
+async def _serve(
+    runner: Runner, max_rollouts: int | None, parent_pid: int | None = None
+) -> tuple[RunnerStats, bool]:
     """Run until done or signalled; also says whether a second signal forced the stop."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -47,11 +53,24 @@ async def _serve(runner: Runner, max_rollouts: int | None) -> tuple[RunnerStats,
             runner.stop_now()  # the second signal: stop the running attempts too
         stop.set()
 
+    async def watch_parent(pid: int) -> None:
+        """A parent that died (this process was handed to another one) stops it as two signals do."""
+        nonlocal forced
+        while os.getppid() == pid:
+            await asyncio.sleep(PARENT_CHECK_S)
+        logging.getLogger(__name__).warning("parent process %d is gone; stopping", pid)
+        forced = True
+        stop.set()
+        runner.stop_now()
+
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)
+    watcher = asyncio.create_task(watch_parent(parent_pid)) if parent_pid is not None else None
     try:
         return await runner.run(max_rollouts=max_rollouts, stop=stop), forced
     finally:
+        if watcher is not None:
+            watcher.cancel()
         await runner.store.close()
 
 
@@ -100,6 +119,14 @@ def runner_command(
         typer.Option("--pass-env", help="Extra variable a command agent inherits (repeatable)."),
     ] = None,
     log_level: Annotated[str, typer.Option("--log-level")] = "warning",
+    exit_with_parent: Annotated[
+        int | None,
+        typer.Option(
+            "--exit-with-parent",
+            metavar="PID",
+            help="Stop (as on a second Ctrl-C) once process PID, this one's parent, has died.",
+        ),
+    ] = None,
 ) -> None:
     """Lease rollouts from the store and run the agent on them, N at a time."""
     from reinforge.store.factory import open_store
@@ -133,7 +160,7 @@ def runner_command(
                 timeout_s=timeout_s,
                 model=model,
             )
-            return await _serve(runner, max_rollouts)
+            return await _serve(runner, max_rollouts, exit_with_parent)
 
         # Python agents run on uvloop (cheaper sockets and callbacks for their HTTP calls); command
         # agents on asyncio's loop, whose process spawning costs a fifth of uvloop's.

@@ -33,7 +33,7 @@ from reinforge.store._http import (
 from reinforge.store._span_records import SpanRecord, parse_span_batch
 from reinforge.store._wire import MAX_BATCH, AddSpansRequest, HeartbeatRequest, LeaseRequest
 from reinforge.store.base import Store
-from reinforge.types import AttemptOutcome
+from reinforge.types import AttemptOutcome, LeasedRollout
 
 logger = logging.getLogger(__name__)
 
@@ -80,10 +80,17 @@ class HotRoutes:
     """Answers POST `{prefix}/rollouts/lease`, `{prefix}/spans`, `{prefix}/attempts/{id}/heartbeat`
     and `{prefix}/attempts/{id}/finish`; passes every other request on to `app`."""
 
-    def __init__(self, app: ASGIApp, get_store: Callable[[], Store], prefix: str) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        get_store: Callable[[], Store],
+        prefix: str,
+        on_lease: Callable[[list[LeasedRollout]], None] | None = None,
+    ) -> None:
         self.app = app
         self.get_store = get_store
         self.prefix = prefix
+        self.on_lease = on_lease
         self.lease_path = prefix + "/rollouts/lease"
         self.spans_path = prefix + "/spans"
         self.attempts_path = prefix + _ATTEMPTS
@@ -137,8 +144,7 @@ class HotRoutes:
             message = f"internal error in the store server: {type(exc).__name__}"
             return error_response(500, "ReinforgeError", message)
 
-    @staticmethod
-    async def _lease(store: Store, raw: bytes) -> Response:
+    async def _lease(self, store: Store, raw: bytes) -> Response:
         body = parse_body(LeaseRequest, raw)
         leased = await store.lease_rollouts(
             body.runner_id,
@@ -147,6 +153,8 @@ class HotRoutes:
             wait_seconds=body.wait_seconds,
             mode=body.mode,
         )
+        if leased and self.on_lease is not None:
+            self.on_lease(leased)
         return json_response(LEASED, leased)
 
     @staticmethod

@@ -266,6 +266,7 @@ def create_store_app(
     token: str,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    on_lease: Callable[[list[LeasedRollout]], None] | None = None,
 ) -> FastAPI:
     """The store's HTTP app.
 
@@ -273,6 +274,8 @@ def create_store_app(
     the app calls at start-up and whose store it closes at shutdown. Pass a factory whenever the
     app runs in another thread's event loop (`BackgroundServer`, `reinforge store serve`).
     Every route except `/health` and the dashboard page needs `Authorization: Bearer <token>`.
+    `on_lease` sees every batch leased through the app (a gateway beside the store learns of the
+    attempts its calls will come from without asking the store again).
     """
     if not token:
         raise ValueError("the store server needs a non-empty token")
@@ -306,14 +309,14 @@ def create_store_app(
     # Auth runs first (a request without the token is refused before its body is read), then the
     # body-size limit, then the hot routes; everything else goes on to FastAPI's own stack.
     app.front = BearerAuth(
-        BodySizeLimit(HotRoutes(app.call_fastapi, holder.get, STORE_PREFIX), max_body_bytes),
+        BodySizeLimit(HotRoutes(app.call_fastapi, holder.get, STORE_PREFIX, on_lease), max_body_bytes),
         token,
         STORE_PREFIX + "/",
     )
     _install_error_handlers(app)
 
     router = APIRouter(prefix=STORE_PREFIX, responses=_ERROR_RESPONSES)
-    _add_store_routes(router, holder)
+    _add_store_routes(router, holder, on_lease)
     app.include_router(router)
 
     @app.get("/health", response_model=Health, tags=["meta"])
@@ -361,7 +364,11 @@ def _install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(Exception, on_unexpected)
 
 
-def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
+def _add_store_routes(
+    router: APIRouter,
+    holder: _StoreHolder,
+    on_lease: Callable[[list[LeasedRollout]], None] | None,
+) -> None:
     """One route per `Store` method; the handlers only translate, the store decides.
 
     Ids are free-form strings, so id segments use the `path` converter: an id holding '/' (sent
@@ -395,6 +402,8 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder) -> None:
             wait_seconds=body.wait_seconds,
             mode=body.mode,
         )
+        if leased and on_lease is not None:
+            on_lease(leased)
         return json_response(LEASED, leased)
 
     @router.post(

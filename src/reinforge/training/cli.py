@@ -74,6 +74,9 @@ def demo_command(
     val_size: Annotated[int, typer.Option("--val-size", min=1, help="Held-out tasks evaluated.")] = 200,
     credit_mode: Annotated[str, typer.Option("--credit-mode", help="merged or per_call.")] = "merged",
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    runner_processes: Annotated[
+        int, typer.Option("--runner-processes", min=0, help="Agents in N child processes (0: in-process).")
+    ] = 2,
 ) -> None:
     """Train the calc agent through the full spine; print held-out success before and after."""
     from reinforge.demo.run import DemoSettings, run_demo
@@ -87,6 +90,7 @@ def demo_command(
             val_size=val_size,
             credit_mode=credit_mode,  # type: ignore[arg-type]  # pydantic validates it
             seed=seed,
+            runner_processes=runner_processes,
         )
         result = run_demo(settings)
     except (ReinforgeError, ValueError) as exc:

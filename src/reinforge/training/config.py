@@ -44,6 +44,10 @@ class TrainerConfig(BaseModel):
             then runs beside the trainer's, not under its interpreter lock: on a machine with two
             or more cores this is the faster setting. The agent must be importable by name (a
             module-level function or class). 0 keeps the runners in this process.
+        runner_processes_nice: how much lower the runner children's CPU priority is than the
+            trainer's (added to their niceness, 0-19). While the engine generates a step, the
+            children mostly prepare the next step's calls (`prefetch_rollouts`): on a machine with
+            few cores the engine, on every step's critical path, should get the CPU first.
         rollout_timeout_s: the most one attempt may take.
         step_timeout_s: the most one step's rollouts may take before the stragglers are cancelled.
         lora: train LoRA adapters instead of the full model.
@@ -52,6 +56,14 @@ class TrainerConfig(BaseModel):
         engine_max_batch_size: sequences the embedded engine decodes together.
         engine_max_seq_len: the longest prompt + completion the engine serves (sizes its KV cache).
         progress: show a progress bar on the terminal.
+        prefetch_rollouts: start the next step's agents early (while this step generates when the
+            runners have room for two steps' rollouts, else during the update); their LLM calls
+            wait at the gateway until the updated weights are published, so every token is still
+            sampled by the policy it trains (strictly on-policy). What an agent does before its
+            first call, and the runners' leasing, then overlaps this step instead of delaying the
+            next one. None (the default) prefetches with `runner_processes` only: in-process
+            agents would run that Python under the trainer's interpreter lock, during the update.
+            Ignored when `overlap_rollouts` is set.
         overlap_rollouts: start the next step's rollouts before this step's policy update, so the
             engine generates while the trainer updates. Those rollouts are sampled by the policy
             one version behind the one they update (or by the new one, for calls that start after
@@ -81,6 +93,7 @@ class TrainerConfig(BaseModel):
     runners: int = Field(default=1, ge=1)
     runner_concurrency: int = Field(default=64, ge=1)
     runner_processes: int = Field(default=0, ge=0)
+    runner_processes_nice: int = Field(default=10, ge=0, le=19)
     rollout_timeout_s: float = Field(default=120.0, gt=0)
     step_timeout_s: float = Field(default=600.0, gt=0)
     lora: LoraSettings | None = None
@@ -89,6 +102,7 @@ class TrainerConfig(BaseModel):
     engine_max_batch_size: int = Field(default=64, ge=1)
     engine_max_seq_len: int = Field(default=512, ge=16)
     progress: bool = True
+    prefetch_rollouts: bool | None = None
     overlap_rollouts: bool = False
 
     @property

@@ -78,7 +78,28 @@ async def start_rollouts(
     max_attempts: int = 2,
 ) -> list[str]:
     """Enqueue the rollouts of `run_rollouts` without waiting for them; returns their ids."""
-    specs = [
+    specs = rollout_specs(
+        tasks,
+        prefix=prefix,
+        group_size=group_size,
+        mode=mode,
+        resources_version=resources_version,
+        max_attempts=max_attempts,
+    )
+    return [r.rollout_id for r in await store.enqueue_rollouts(specs)]
+
+
+def rollout_specs(
+    tasks: Sequence[tuple[int, dict[str, Any]]],
+    *,
+    prefix: str,
+    group_size: int,
+    mode: RolloutMode,
+    resources_version: int,
+    max_attempts: int = 2,
+) -> list[RolloutSpec]:
+    """Each (dataset index, task) `group_size` times, one group per task, ids based on `prefix`."""
+    return [
         RolloutSpec(
             rollout_id=f"{prefix}-{n}-{g}",
             task=task,
@@ -91,7 +112,6 @@ async def start_rollouts(
         for n, (index, task) in enumerate(tasks)
         for g in range(group_size)
     ]
-    return [r.rollout_id for r in await store.enqueue_rollouts(specs)]
 
 
 async def finish_rollouts(store: Store, ids: Sequence[str], timeout_s: float) -> list[Rollout]:
@@ -146,20 +166,67 @@ async def collect_transitions(
     The reads are issued together: the SQLite store answers reads queued in one loop turn in one
     transaction, and a remote store takes them concurrently, instead of one round trip after another.
     """
-    final = [r for r in rollouts if r.status.is_final]
-    spans: list[list[Span]] = []
-    attempts: list[list[Attempt]] = []
-    for i in range(0, len(final), _READS_AT_ONCE):
-        chunk = final[i : i + _READS_AT_ONCE]
-        spans += await asyncio.gather(*(_all_spans(store, r.rollout_id) for r in chunk))
-        attempts += await asyncio.gather(*(_attempts(store, r) for r in chunk))
     transitions: list[Transition] = []
     total = CreditMetrics()
-    for rollout, its_spans, its_attempts in zip(final, spans, attempts, strict=True):
-        found, metrics = build_transitions(rollout, its_spans, credit, attempts=its_attempts)
+    final = [r for r in rollouts if r.status.is_final]
+    for found, metrics in await _transitions_of(store, final, credit):
         transitions += found
         total = total + metrics
     return transitions, total
+
+
+async def finish_and_collect(
+    store: Store, ids: Sequence[str], timeout_s: float, credit: CreditConfig, poll_s: float = 0.05
+) -> tuple[list[Rollout], list[Transition], CreditMetrics]:
+    """`finish_rollouts`, then `collect_transitions` of them, but each rollout's spans are read as
+    soon as it is final, while the others still run: when the last one ends, only its own spans are
+    left to read instead of the whole batch's (on the step's critical path).
+
+    Everything comes back in the order of `ids`, whatever order the rollouts finished in.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    final: dict[str, Rollout] = {}
+    found: dict[str, tuple[list[Transition], CreditMetrics]] = {}
+    while len(final) < len(ids):
+        left = deadline - loop.time()
+        pending = [i for i in ids if i not in final]
+        if left <= 0:
+            for r in await store.cancel_rollouts(pending):
+                final[r.rollout_id] = r
+            fresh = [final[i] for i in pending if i in final]
+        else:
+            ready = await store.wait_for_rollouts(pending, min(poll_s, left))
+            fresh = [r for r in ready if r.status.is_final]
+            final.update((r.rollout_id, r) for r in fresh)
+        for rollout, result in zip(fresh, await _transitions_of(store, fresh, credit), strict=True):
+            found[rollout.rollout_id] = result
+        if left <= 0:
+            break
+    rollouts = [final[i] for i in ids if i in final]
+    transitions: list[Transition] = []
+    total = CreditMetrics()
+    for rollout in rollouts:
+        its_transitions, metrics = found[rollout.rollout_id]
+        transitions += its_transitions
+        total = total + metrics
+    return rollouts, transitions, total
+
+
+async def _transitions_of(
+    store: Store, rollouts: Sequence[Rollout], credit: CreditConfig
+) -> list[tuple[list[Transition], CreditMetrics]]:
+    """Each final rollout's transitions and credit metrics (reads issued together, as below)."""
+    spans: list[list[Span]] = []
+    attempts: list[list[Attempt]] = []
+    for i in range(0, len(rollouts), _READS_AT_ONCE):
+        chunk = rollouts[i : i + _READS_AT_ONCE]
+        spans += await asyncio.gather(*(_all_spans(store, r.rollout_id) for r in chunk))
+        attempts += await asyncio.gather(*(_attempts(store, r) for r in chunk))
+    return [
+        build_transitions(rollout, its_spans, credit, attempts=its_attempts)
+        for rollout, its_spans, its_attempts in zip(rollouts, spans, attempts, strict=True)
+    ]
 
 
 def success_rate(rollouts: Sequence[Rollout], threshold: float = 1.0) -> float:

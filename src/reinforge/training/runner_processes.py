@@ -83,6 +83,8 @@ class RunnerProcessSettings:
     model: str
     timeout_s: float | None
     log_dir: Path
+    nice: int = 0
+    """Added to the children's niceness: a lower CPU priority than the trainer's process."""
 
 
 class RunnerProcesses:
@@ -133,6 +135,8 @@ class RunnerProcesses:
                 f"{self.id_prefix}-{i}",
                 "--model",
                 s.model,
+                "--exit-with-parent",
+                str(os.getpid()),
             ]
             if s.timeout_s is not None:
                 argv += ["--timeout", str(s.timeout_s)]
@@ -143,6 +147,9 @@ class RunnerProcesses:
                     argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
                 )
             )
+            if s.nice:
+                pid, base = self._procs[-1].pid, os.getpriority(os.PRIO_PROCESS, 0)
+                os.setpriority(os.PRIO_PROCESS, pid, min(base + s.nice, 19))
 
     def check(self) -> None:
         """Raise RuntimeError, with the end of its log, when a child exited while it should be running."""

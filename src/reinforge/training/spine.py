@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import os
 import secrets
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Mapping, Sequence
 from pathlib import Path
 from typing import TypeVar
 
@@ -68,7 +68,7 @@ class Spine:
         self.backend = EngineBackend(self.engine, tokenizer, model_name=MODEL_NAME)
         self.store_token = load_or_create_token(run_dir)
         self.gateway_secret = secrets.token_urlsafe(24)
-        store_app = create_store_app(store, self.store_token)
+        store_app = create_store_app(store, self.store_token, on_lease=self._leased)
         gateway_app = create_gateway_app(store, self.backend, self.gateway_secret)
         self.gateway: Gateway = gateway_app.state.gateway
         store_app.mount(GATEWAY_MOUNT, gateway_app)
@@ -98,9 +98,11 @@ class Spine:
         concurrency: int = 64,
         timeout_s: float | None = None,
         processes: int = 0,
+        processes_nice: int = 0,
     ) -> Spine:
         """Serve, then run `agent`: `runners` runners in this process, or, with `processes` > 0, that
-        many `reinforge runner` children instead (each running up to `concurrency` attempts)."""
+        many `reinforge runner` children instead (each running up to `concurrency` attempts, at
+        `processes_nice` lower CPU priority)."""
         reference = agent_reference(agent) if processes > 0 else None  # refuse before starting anything
         self.engine.start()
         await asyncio.to_thread(self.server.start)
@@ -120,6 +122,7 @@ class Spine:
                     model=MODEL_NAME,
                     timeout_s=timeout_s,
                     log_dir=self.run_dir / "logs",
+                    nice=processes_nice,
                 ),
                 processes,
                 id_prefix="trainer-process",
@@ -144,7 +147,8 @@ class Spine:
         return self
 
     def _leased(self, leased: list[LeasedRollout]) -> None:
-        """The gateway learns of each leased attempt from the runner beside it, not from the store."""
+        """The gateway learns of each leased attempt from the runner beside it or from the store's
+        lease route (runner processes), not by asking the store on the attempt's first call."""
         self.gateway.attempts.remember_running(lr.attempt for lr in leased)
 
     @property
@@ -175,11 +179,23 @@ class Spine:
                     await task
                 raise
 
+    def hold(self, rollout_ids: Sequence[str], version: int) -> None:
+        """The LLM calls of these rollouts (not enqueued yet) will wait at the gateway until policy
+        `version` is published: their agents can start early, their tokens are still sampled by
+        the policy they are trained against."""
+        self.gateway.hold_rollouts(rollout_ids, version)
+
+    def drop_holds(self, rollout_ids: Sequence[str]) -> None:
+        """The held rollouts were cancelled: their waiting calls fail instead of waiting on."""
+        self.gateway.drop_holds(rollout_ids)
+
     async def publish(self, state: Mapping[str, torch.Tensor], version: int) -> None:
-        """Serve `state` as policy `version`: new calls wait while the weights are swapped."""
+        """Serve `state` as policy `version`: new calls wait while the weights are swapped, and calls
+        held for this version go through once they are."""
         await self.gateway.pause()
         try:
             await self.engine.load_weights(state, version)
+            self.gateway.release_version(version)
         finally:
             self.gateway.resume()
 
