@@ -36,9 +36,11 @@ def main() -> None:
         max_steps=400,
         tasks_per_step=16,
         learning_rate=5e-4,
+        lr_schedule="linear",
         max_tokens=48,
         engine_max_batch_size=128,
         runner_concurrency=128,
+        runner_processes=2,
         checkpoint_every=5,
     )
     result = trainer.fit(calc_agent, train_tasks(), val_tasks())

@@ -257,3 +257,25 @@ def test_prefetched_rollouts_start_early_yet_are_sampled_by_the_version_they_tra
             assert leased >= previous_ended, "one step's rollouts fill every slot: no early lease"
     meta, _, _ = load_checkpoint(tmp_path / "checkpoints" / "step-000002")
     assert meta.step == 2 and meta.sampler == {"epoch": 0, "position": 4}
+
+
+def test_learning_rate_schedules() -> None:
+    cosine = TrainerConfig(learning_rate=1.0, lr_schedule="cosine", lr_final_ratio=0.2)
+    assert [round(cosine.learning_rate_at(p), 6) for p in (0.0, 0.5, 1.0, 2.0)] == [1.0, 0.6, 0.2, 0.2]
+    linear = TrainerConfig(learning_rate=2.0, lr_schedule="linear", lr_final_ratio=0.0)
+    assert [linear.learning_rate_at(p) for p in (-1.0, 0.25, 1.0)] == [2.0, 1.5, 0.0]
+    assert TrainerConfig(learning_rate=0.5).learning_rate_at(0.9) == 0.5  # constant, the default
+    with pytest.raises(ValueError):
+        TrainerConfig(lr_schedule="step")
+
+
+def test_fit_decays_the_learning_rate_over_the_steps(tokenizer: Any, tmp_path: Path) -> None:
+    trainer = Trainer(
+        small_model(tokenizer),
+        tokenizer,
+        algorithm=GRPO(group_size=2),
+        config=config(tmp_path, max_steps=3, lr_schedule="linear", lr_final_ratio=0.1, checkpoint_every=0),
+    )
+    result = trainer.fit(parity_agent, TRAIN)
+    rates = [r["update/learning_rate"] for r in result.history if "train/reward" in r]
+    assert rates == pytest.approx([1e-2, 7e-3, 4e-3])  # 1e-2 x (0.1 + 0.9 x (1 - done)), done = 0, 1/3, 2/3

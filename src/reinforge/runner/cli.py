@@ -61,7 +61,7 @@ async def _serve(
         logging.getLogger(__name__).warning("parent process %d is gone; stopping", pid)
         forced = True
         stop.set()
-        runner.stop_now()
+        runner.stop_now(report_once=True)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal)

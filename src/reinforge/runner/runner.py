@@ -144,6 +144,7 @@ class Runner:
         self._gateway: GatewayClient | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._active: set[asyncio.Task[None]] = set()
+        self._report_tries = 6
 
     async def run(self, max_rollouts: int | None = None, stop: asyncio.Event | None = None) -> RunnerStats:
         """Lease and run rollouts until `max_rollouts` have been run or `stop` is set, then wait for the
@@ -166,9 +167,13 @@ class Runner:
             self._pool.shutdown(wait=False, cancel_futures=True)
         return self.stats
 
-    def stop_now(self) -> None:
+    def stop_now(self, *, report_once: bool = False) -> None:
         """Stop the running attempts too (call after setting the stop event): each is reported failed
-        and retryable, so the store gives its rollout to another runner."""
+        and retryable, so the store gives its rollout to another runner. With `report_once` a report
+        that fails is not retried (when the store most likely died with the trainer that served it):
+        the leases then expire and the store retries those rollouts all the same."""
+        if report_once:
+            self._report_tries = 1
         for task in list(self._active):
             task.cancel()
 
@@ -446,7 +451,7 @@ class Runner:
         backoff = 0.1
         loop = asyncio.get_running_loop()
         give_up_at = loop.time() + FINISH_RETRY_S  # a hung gateway times out each try: bound the total
-        for _ in range(6):
+        for _ in range(self._report_tries):
             if loop.time() > give_up_at:
                 break
             try:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,6 +32,10 @@ class TrainerConfig(BaseModel):
         max_minutes: stop after this much RL wall time (None: no time limit); validation time counts.
         tasks_per_step: distinct tasks per step; each runs `group_size` times (from the algorithm).
         learning_rate / weight_decay / max_grad_norm: the AdamW optimiser of the policy update.
+        lr_schedule: "constant", or "linear" / "cosine" decay from `learning_rate` to
+            `learning_rate * lr_final_ratio` over the run (its progress is the larger of steps done
+            over `max_steps` and, with `max_minutes`, RL time spent over that budget), so the policy
+            the run ends with is not caught mid-stride by a full-size step.
         epochs_per_batch: passes over one step's transitions (> 1 makes the PPO ratio and TIS matter).
         micro_batch_tokens: the most (padded) tokens in one forward/backward; gradients accumulate.
         temperature: the sampling temperature of training rollouts (and of "sampled" validation).
@@ -80,6 +86,8 @@ class TrainerConfig(BaseModel):
     max_minutes: float | None = Field(default=None, gt=0)
     tasks_per_step: int = Field(default=16, ge=1)
     learning_rate: float = Field(default=3e-4, gt=0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    lr_final_ratio: float = Field(default=0.1, ge=0, le=1)
     weight_decay: float = Field(default=0.0, ge=0)
     max_grad_norm: float | None = Field(default=1.0, gt=0)
     epochs_per_batch: int = Field(default=1, ge=1)
@@ -104,6 +112,14 @@ class TrainerConfig(BaseModel):
     progress: bool = True
     prefetch_rollouts: bool | None = None
     overlap_rollouts: bool = False
+
+    def learning_rate_at(self, progress: float) -> float:
+        """The scheduled learning rate when `progress` (0 to 1) of the run is done."""
+        if self.lr_schedule == "constant":
+            return self.learning_rate
+        done = min(max(progress, 0.0), 1.0)
+        left = 1.0 - done if self.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+        return self.learning_rate * (self.lr_final_ratio + (1.0 - self.lr_final_ratio) * left)
 
     @property
     def store_location(self) -> str:

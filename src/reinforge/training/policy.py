@@ -162,6 +162,11 @@ class Policy:
         with self.model.disable_adapter():  # type: ignore[operator]
             yield self.model
 
+    def set_learning_rate(self, learning_rate: float) -> None:
+        """The learning rate of the next updates (a schedule sets it before each step)."""
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+
     def update(
         self, transitions: Sequence[Transition], returns: Sequence[float] | None = None
     ) -> dict[str, float]:

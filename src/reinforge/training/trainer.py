@@ -300,6 +300,11 @@ class Trainer:
                 )
                 advantages = compute_advantages(transitions, algo, values=values)
                 t1 = time.monotonic()
+                run_done = (step - 1) / max(cfg.max_steps, 1)
+                if cfg.max_minutes is not None:
+                    run_done = max(run_done, (t1 - started) / (cfg.max_minutes * 60))
+                learning_rate = cfg.learning_rate_at(run_done)
+                policy.set_learning_rate(learning_rate)
                 update = await asyncio.to_thread(policy.update, transitions, advantages.returns)
                 t_update = time.monotonic() - t1
                 version += 1
@@ -312,6 +317,7 @@ class Trainer:
                     "time/rollout_s": t_rollout,
                     "time/update_s": t_update,
                     "time/step_s": time.monotonic() - t0,
+                    "update/learning_rate": learning_rate,
                     **credit_metrics.as_dict(),
                     **advantages.metrics,
                     **update,
