@@ -168,13 +168,8 @@ class Gateway:
     def resume(self) -> None:
         """Let held and new calls through again."""
         self._paused = False
-        loop, gate = self._loop, self._open
-        if loop is None or gate is None:
-            return
-        if threading.get_ident() == self._thread_id:
-            gate.set()
-        else:
-            loop.call_soon_threadsafe(gate.set)
+        if self._open is not None:
+            self._on_loop_soon(self._open.set)
 
     def hold_rollouts(self, rollout_ids: Iterable[str], version: int) -> None:
         """Make the LLM calls of these rollouts wait until policy `version` is released
@@ -195,6 +190,8 @@ class Gateway:
         self._on_loop_soon(lambda: self._drop(ids))
 
     def _on_loop_soon(self, callback: Callable[[], None]) -> None:
+        """Run `callback` on the serving loop: now when called there (or before the gateway has
+        served), else as soon as that loop gets to it (not at all once it has closed)."""
         loop = self._loop
         if loop is None or threading.get_ident() == self._thread_id:
             callback()

@@ -145,17 +145,7 @@ class HotRoutes:
             return error_response(500, "ReinforgeError", message)
 
     async def _lease(self, store: Store, raw: bytes) -> Response:
-        body = parse_body(LeaseRequest, raw)
-        leased = await store.lease_rollouts(
-            body.runner_id,
-            max_rollouts=body.max_rollouts,
-            lease_seconds=body.lease_seconds,
-            wait_seconds=body.wait_seconds,
-            mode=body.mode,
-        )
-        if leased and self.on_lease is not None:
-            self.on_lease(leased)
-        return json_response(LEASED, leased)
+        return await lease(store, parse_body(LeaseRequest, raw), self.on_lease)
 
     @staticmethod
     async def _spans(store: Store, raw: bytes) -> Response:
@@ -171,6 +161,22 @@ class HotRoutes:
     async def _finish(store: Store, attempt_id: str, raw: bytes) -> Response:
         body = parse_body(AttemptOutcome, raw)
         return json_response(ROLLOUT, await store.finish_attempt(attempt_id, body))
+
+
+async def lease(
+    store: Store, body: LeaseRequest, on_lease: Callable[[list[LeasedRollout]], None] | None
+) -> Response:
+    """The lease route's answer (hot and FastAPI routes alike); `on_lease` sees a non-empty batch."""
+    leased = await store.lease_rollouts(
+        body.runner_id,
+        max_rollouts=body.max_rollouts,
+        lease_seconds=body.lease_seconds,
+        wait_seconds=body.wait_seconds,
+        mode=body.mode,
+    )
+    if leased and on_lease is not None:
+        on_lease(leased)
+    return json_response(LEASED, leased)
 
 
 async def _read_body(receive: Receive) -> bytes:

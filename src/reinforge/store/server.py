@@ -30,14 +30,13 @@ from reinforge.store._adapters import (
     ATTEMPT,
     ATTEMPT_PAGE,
     COUNTERS,
-    LEASED,
     RESOURCES,
     ROLLOUT,
     ROLLOUT_PAGE,
     ROLLOUTS,
     SPAN_PAGE,
 )
-from reinforge.store._hot_routes import HotRoutes, check_content_type, ingest_spans, parse_body
+from reinforge.store._hot_routes import HotRoutes, check_content_type, ingest_spans, lease, parse_body
 from reinforge.store._http import (
     error_response,
     http_error_type,
@@ -394,17 +393,7 @@ def _add_store_routes(
     )
     async def lease_rollouts(request: Request) -> Response:
         """Lease up to max_rollouts queued rollouts, waiting up to wait_seconds for one."""
-        body = await read_body(request, LeaseRequest)
-        leased = await holder.get().lease_rollouts(
-            body.runner_id,
-            max_rollouts=body.max_rollouts,
-            lease_seconds=body.lease_seconds,
-            wait_seconds=body.wait_seconds,
-            mode=body.mode,
-        )
-        if leased and on_lease is not None:
-            on_lease(leased)
-        return json_response(LEASED, leased)
+        return await lease(holder.get(), await read_body(request, LeaseRequest), on_lease)
 
     @router.post(
         "/rollouts/cancel",

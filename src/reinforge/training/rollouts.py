@@ -55,29 +55,6 @@ async def run_rollouts(
 
     Rollout ids are `prefix`-based, so they are unique per run session and step.
     """
-    ids = await start_rollouts(
-        store,
-        tasks,
-        prefix=prefix,
-        group_size=group_size,
-        mode=mode,
-        resources_version=resources_version,
-        max_attempts=max_attempts,
-    )
-    return await finish_rollouts(store, ids, timeout_s)
-
-
-async def start_rollouts(
-    store: Store,
-    tasks: Sequence[tuple[int, dict[str, Any]]],
-    *,
-    prefix: str,
-    group_size: int,
-    mode: RolloutMode,
-    resources_version: int,
-    max_attempts: int = 2,
-) -> list[str]:
-    """Enqueue the rollouts of `run_rollouts` without waiting for them; returns their ids."""
     specs = rollout_specs(
         tasks,
         prefix=prefix,
@@ -86,7 +63,8 @@ async def start_rollouts(
         resources_version=resources_version,
         max_attempts=max_attempts,
     )
-    return [r.rollout_id for r in await store.enqueue_rollouts(specs)]
+    ids = [r.rollout_id for r in await store.enqueue_rollouts(specs)]
+    return await finish_rollouts(store, ids, timeout_s)
 
 
 def rollout_specs(
