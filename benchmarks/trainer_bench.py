@@ -41,12 +41,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import itertools
 import json
 import os
 import random
 import shutil
-import ssl
 import subprocess
 import sys
 import time
@@ -59,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _trl_side import first_tool_expression  # noqa: E402
-from openai import AsyncOpenAI, DefaultAsyncHttpxClient  # noqa: E402
+from openai import AsyncOpenAI  # noqa: E402
 from openai._base_client import get_platform  # noqa: E402
 from transformers import PreTrainedModel, PreTrainedTokenizerBase  # noqa: E402
 
@@ -73,7 +71,7 @@ from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build
 from reinforge.engine.backend import TURN_MARKERS  # noqa: E402
 from reinforge.engine.engine import Engine  # noqa: E402
 from reinforge.gateway.backend import SamplingParams  # noqa: E402
-from reinforge.runner import LLM, agent  # noqa: E402
+from reinforge.runner import LLM, agent, gateway_http_client  # noqa: E402
 from reinforge.store.factory import open_store  # noqa: E402
 from reinforge.training import Policy, Trainer, TrainerConfig  # noqa: E402
 from reinforge.types import SpanQuery, Transition  # noqa: E402
@@ -93,42 +91,23 @@ def expression_of(arguments: str) -> str | None:
     return str(parsed["expression"]).replace(" ", "")
 
 
-_HTTP: dict[asyncio.AbstractEventLoop, list[DefaultAsyncHttpxClient]] = {}
-_HTTP_SHARDS = 32
-_next_shard = itertools.count()
-
-
-def shared_http() -> DefaultAsyncHttpxClient:
-    """HTTP clients shared by every rollout's OpenAI client, a few per event loop, taken in turn.
-
-    A fresh `AsyncOpenAI` builds its own httpx client and with it a new SSL context (loading the CA
-    bundle): tens of milliseconds each, which at 128 rollouts a step was a third of the trainer's CPU.
-    Agents that create a client per rollout should pass a shared `http_client` like this. Several
-    clients (sharing one SSL context) rather than one: httpcore's pool probes the socket of every
-    idle connection each time it hands out or takes back a connection, so one pool of 128
-    connections made ~12,700 probes a step (a tenth of the event loop's CPU); 32 pools of 4 make few.
-    """
-    loop = asyncio.get_running_loop()
-    if loop not in _HTTP:
-        tls = ssl.create_default_context()
-        _HTTP[loop] = [DefaultAsyncHttpxClient(timeout=120.0, verify=tls) for _ in range(_HTTP_SHARDS)]
-    clients = _HTTP[loop]
-    return clients[next(_next_shard) % len(clients)]
-
-
 _PLATFORM = get_platform()
 
 
 def rollout_client(llm: LLM) -> AsyncOpenAI:
-    """One rollout's OpenAI client: shared connections (`shared_http`), and the platform the SDK puts
-    in its `X-Stainless-*` headers detected once here, not by each client.
+    """One rollout's OpenAI client on `gateway_http_client()` (shared keep-alive connections through
+    reinforge's transport: a new httpx client per rollout would build an SSL context each time, and
+    the SDK's default transport costs several times more CPU per call), with the platform the SDK
+    puts in its `X-Stainless-*` headers detected once here, not by each client.
 
     A new client detects it before its first request in a worker thread (`asyncify(get_platform)`):
     with a client per rollout that is a thread round trip per rollout, which held each step's first
     call to the engine back ~50 ms. Handing the value over (a private attribute of the SDK's client)
     leaves the requests and headers as they were.
     """
-    client = AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key, max_retries=1, http_client=shared_http())
+    client = AsyncOpenAI(
+        base_url=llm.base_url, api_key=llm.api_key, max_retries=1, http_client=gateway_http_client()
+    )
     client._platform = _PLATFORM
     return client
 
@@ -224,6 +203,8 @@ def run_reinforge(
             resume=False,
             seed=args.seed,
             overlap_rollouts=overlap,
+            engine_process=args.engine_process == "on",
+            **({} if args.runner_nice is None else {"runner_processes_nice": args.runner_nice}),
         ),
     )
     fit = trainer.fit(first_call_agent, train)
@@ -463,6 +444,18 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=2,
         help="reinforge's TrainerConfig.runner_processes (0: agents in the trainer's process)",
+    )
+    parser.add_argument(
+        "--runner-nice",
+        type=int,
+        default=None,
+        help="reinforge's TrainerConfig.runner_processes_nice (default: the Trainer's)",
+    )
+    parser.add_argument(
+        "--engine-process",
+        choices=["on", "off"],
+        default="off",
+        help="reinforge's TrainerConfig.engine_process: the engine in its own child process",
     )
     parser.add_argument(
         "--trl-threads", type=int, default=2, help="torch threads of the TRL side (default: both cores)"

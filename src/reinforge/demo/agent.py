@@ -8,40 +8,21 @@ status: an Automatic Intermediate Reward signal for the LLM call that asked for 
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import weakref
 from typing import Any
 
-from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+from openai import AsyncOpenAI
 
 from reinforge.demo.calculator import CALCULATOR_TOOL, CalculatorError, call_calculator
 from reinforge.demo.traces import tool_result_message
-from reinforge.runner import LLM, agent
+from reinforge.runner import LLM, agent, gateway_http_client
 from reinforge.tracing import span
 
 MAX_TURNS = 4
 TOOL_ERROR_TEXT = "error: calculator takes exactly 'a op b'"
 """What the model sees after a refused call: the same text as in its warm-start data."""
 _ANSWER = re.compile(r"ANSWER:\s*(-?\d+)")
-_HTTP_CLIENTS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, DefaultAsyncHttpxClient] = (
-    weakref.WeakKeyDictionary()
-)
-
-
-def shared_http_client() -> DefaultAsyncHttpxClient:
-    """One connection pool per event loop, shared by every rollout's OpenAI client.
-
-    Building an HTTP client builds an SSL context (tens of milliseconds of CPU), more than a whole
-    LLM call of the tiny model costs; with one client per rollout it dominated the demo's steps.
-    """
-    loop = asyncio.get_running_loop()
-    client = _HTTP_CLIENTS.get(loop)
-    if client is None or client.is_closed:
-        client = DefaultAsyncHttpxClient()
-        _HTTP_CLIENTS[loop] = client
-    return client
 
 
 def sampling_from(llm: LLM) -> dict[str, Any]:
@@ -79,13 +60,14 @@ def run_tool(name: str, arguments: str) -> str:
 async def calc_agent(task: dict[str, Any], llm: LLM) -> float:
     """Solve `task["question"]` with the calculator; reward 1.0 for the exact `task["answer"]`."""
     sampling = sampling_from(llm)
-    # The client is cheap on a shared connection pool, and is not closed: closing it would close the pool.
+    # The client is cheap on the shared gateway HTTP client (reinforge's keep-alive transport: a
+    # fraction of the SDK's default HTTP cost per call), and is not closed: that would close the pool.
     client = AsyncOpenAI(
         base_url=llm.base_url,
         api_key=llm.api_key,
         max_retries=1,
         timeout=120.0,
-        http_client=shared_http_client(),
+        http_client=gateway_http_client(),
     )
     messages: list[dict[str, Any]] = [{"role": "user", "content": str(task["question"])}]
     for _ in range(MAX_TURNS):

@@ -2,5 +2,6 @@
 
 from reinforge.engine.engine import Engine, EngineDelta, EngineOutput
 from reinforge.engine.errors import EngineError, EngineStoppedError
+from reinforge.engine.process import EngineProcess
 
-__all__ = ["Engine", "EngineDelta", "EngineError", "EngineOutput", "EngineStoppedError"]
+__all__ = ["Engine", "EngineDelta", "EngineError", "EngineOutput", "EngineProcess", "EngineStoppedError"]

@@ -15,6 +15,7 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.engine.engine import Engine, EngineOutput
+from reinforge.engine.process import EngineProcess
 from reinforge.errors import InvalidRequestError
 from reinforge.gateway.backend import GenerationRequest, GenerationResult, TextDelta
 from reinforge.gateway.tool_calls import parse_tool_calls, safe_prefix_len
@@ -42,7 +43,7 @@ class EngineBackend:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Engine | EngineProcess,
         tokenizer: PreTrainedTokenizerBase | None = None,
         model_name: str = "reinforge-policy",
     ) -> None:

@@ -94,10 +94,11 @@ class Endpoints:
 
     async def chat(self, request: Request) -> Response:
         g = self.g
-        state = await g.authorize_generation(request)
+        state = await g.authorize(request)
         data = await g.read_json(request)
         body = parse_body(ChatCompletionBody, data)
         gen = chat_request(body)
+        await g.wait_for_policy(state)
         response_id, created, model = "chatcmpl-" + new_id(), int(time.time()), g.backend.model_name
 
         def assemble(result: GenerationResult) -> dict[str, Any]:
@@ -191,10 +192,11 @@ class Endpoints:
 
     async def completions(self, request: Request) -> Response:
         g = self.g
-        state = await g.authorize_generation(request)
+        state = await g.authorize(request)
         data = await g.read_json(request)
         body = parse_body(CompletionBody, data)
         gen = completion_request(body)
+        await g.wait_for_policy(state)
         response_id, created, model = "cmpl-" + new_id(), int(time.time()), g.backend.model_name
 
         def assemble(result: GenerationResult) -> dict[str, Any]:
@@ -285,10 +287,11 @@ class Endpoints:
 
     async def responses(self, request: Request) -> Response:
         g = self.g
-        state = await g.authorize_generation(request)
+        state = await g.authorize(request)
         data = await g.read_json(request)
         body = parse_body(ResponsesBody, data)
         gen = responses_request(body)
+        await g.wait_for_policy(state)
         response_id, created, model = "resp_" + new_id(), int(time.time()), g.backend.model_name
         if body.stream:
             return StreamingResponse(

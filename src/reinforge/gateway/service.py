@@ -352,12 +352,14 @@ class Gateway:
         self.check_token(request, attempt_id)
         return await self.attempts.require_running(attempt_id)
 
-    async def authorize_generation(self, request: Request) -> AttemptState:
-        """`authorize`, then wait while the attempt's rollout is held for an unreleased policy."""
-        state = await self.authorize(request)
+    async def wait_for_policy(self, state: AttemptState) -> None:
+        """Wait while the attempt's rollout is held for an unreleased policy (409 if it was dropped).
+
+        Endpoints call it once the request is parsed: when the version is released, a held call
+        has only its generation left to start, so the step's calls reach the engine together.
+        """
         if self._holds:
             await self._wait_for_policy(state)
-        return state
 
     async def read_json(self, request: Request) -> Any:
         limit = self.max_body_bytes

@@ -11,6 +11,7 @@ from reinforge.runner.command import REWARD_LINE_PREFIX, AgentProcessError, Comm
 from reinforge.runner.llm import LLM, attempt_url
 from reinforge.runner.resources import model_from_resources
 from reinforge.runner.runner import DEFAULT_MODEL, FlushError, Runner, RunnerStats
+from reinforge.runner.transport import GatewayTransport, gateway_http_client
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -23,11 +24,13 @@ __all__ = [
     "CommandResult",
     "FlushError",
     "FunctionAgent",
+    "GatewayTransport",
     "Runner",
     "RunnerStats",
     "agent",
     "as_agent",
     "attempt_url",
+    "gateway_http_client",
     "load_agent",
     "model_from_resources",
 ]

@@ -61,6 +61,11 @@ class TrainerConfig(BaseModel):
         resume: continue from the latest checkpoint in run_dir when there is one.
         engine_max_batch_size: sequences the embedded engine decodes together.
         engine_max_seq_len: the longest prompt + completion the engine serves (sizes its KV cache).
+        engine_process: run the embedded engine in its own child process (`EngineProcess`), so its
+            scheduling loop does not share the interpreter lock with the gateway and store that
+            answer the agents. Off by default: on a 2-core machine the CPU, not the lock, is what
+            runs out, and a third busy process made `benchmarks/trainer_bench.py` slower (1.98
+            against 2.32 steps/s); it is for machines with cores to spare.
         progress: show a progress bar on the terminal.
         prefetch_rollouts: start the next step's agents early (while this step generates when the
             runners have room for two steps' rollouts, else during the update); their LLM calls
@@ -109,6 +114,7 @@ class TrainerConfig(BaseModel):
     resume: bool = True
     engine_max_batch_size: int = Field(default=64, ge=1)
     engine_max_seq_len: int = Field(default=512, ge=16)
+    engine_process: bool = False
     progress: bool = True
     prefetch_rollouts: bool | None = None
     overlap_rollouts: bool = False

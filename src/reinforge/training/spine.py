@@ -22,6 +22,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reinforge.engine.backend import EngineBackend
 from reinforge.engine.engine import Engine
+from reinforge.engine.process import EngineProcess
 from reinforge.gateway.app import Gateway, create_gateway_app
 from reinforge.runner import Agent, AgentFunction, CommandAgent, Runner
 from reinforge.serving import BackgroundServer
@@ -53,11 +54,13 @@ class Spine:
         policy_version: int = 0,
         engine_max_batch_size: int = 64,
         engine_max_seq_len: int = 512,
+        engine_process: bool = False,
         seed: int | None = None,
     ) -> None:
         self.store = store
         self.run_dir = run_dir
-        self.engine = Engine(
+        engine_type: type[Engine] | type[EngineProcess] = EngineProcess if engine_process else Engine
+        self.engine: Engine | EngineProcess = engine_type(
             model,
             tokenizer,
             max_batch_size=engine_max_batch_size,
@@ -104,7 +107,7 @@ class Spine:
         many `reinforge runner` children instead (each running up to `concurrency` attempts, at
         `processes_nice` lower CPU priority)."""
         reference = agent_reference(agent) if processes > 0 else None  # refuse before starting anything
-        self.engine.start()
+        await asyncio.to_thread(self.engine.start)
         await asyncio.to_thread(self.server.start)
         url_file = self.run_dir / "store.url"
         tmp = url_file.with_suffix(".tmp")

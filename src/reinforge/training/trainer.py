@@ -181,6 +181,7 @@ class Trainer:
             policy_version=version,
             engine_max_batch_size=cfg.engine_max_batch_size,
             engine_max_seq_len=cfg.engine_max_seq_len,
+            engine_process=cfg.engine_process,
             seed=cfg.seed,
         )
         session = new_id()[:8]

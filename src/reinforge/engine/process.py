@@ -1,0 +1,518 @@
+"""`EngineProcess`: the embedded `Engine`, run in a child process behind the same asyncio API.
+
+Why: in one process the engine's scheduling loop shares the interpreter lock with the gateway and
+the store, which answer the agents' calls while the engine generates. With the agents in runner
+processes, that lock was the trainer's bottleneck (the process sat at one core while the machine
+had room): the engine's Python ran at half speed in `Trainer.fit` against the same engine alone.
+In its own process the engine has its own lock and its own core.
+
+What crosses the pipe: requests (prompt ids, sampling), results (`EngineOutput`, stream deltas),
+and weight updates (a state dict, pickled: a few ms for the demo's model; a path to a
+safetensors file works too). Requests, results and the child's errors keep their types.
+If the child dies, every pending and later call fails with `EngineError`; if the parent dies,
+the child sees its pipe close and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import math
+import os
+import pickle
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from reinforge.engine.engine import Engine, EngineDelta, EngineOutput
+from reinforge.engine.errors import EngineError, EngineStoppedError
+from reinforge.engine.weights import WeightsSource
+from reinforge.errors import InvalidRequestError
+from reinforge.gateway.backend import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+_START_TIMEOUT_S = 180.0
+
+
+@dataclass
+class _Call:
+    """A request waiting on the child: results go to `queue` on the caller's loop."""
+
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
+
+
+class EngineProcess:
+    """`Engine(model, tokenizer, ...)` in a spawned child process; `generate`, `stream`,
+    `load_weights`, `start`, `stop` and `policy_version` behave as the in-process engine's do."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        policy_version: int = 0,
+        torch_threads: int | None = None,
+        **engine_kwargs: Any,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self._model: torch.nn.Module | None = model
+        self._kwargs = {**engine_kwargs, "policy_version": policy_version}
+        self._threads = torch_threads or torch.get_num_threads()
+        self._version = policy_version
+        self._fast_path = False
+        self._conn: Connection | None = None
+        self._process: subprocess.Popen[bytes] | None = None
+        self._reader: threading.Thread | None = None
+        self._send_lock = threading.Lock()
+        self._calls: dict[int, _Call] = {}
+        self._calls_lock = threading.Lock()
+        self._ids = itertools.count()
+        self._failure: EngineError | None = None
+        self._stopping = False
+        self._shared = _SharedWeights()
+        self._publishing = False
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+
+    @property
+    def policy_version(self) -> int:
+        """The version of the weights new requests are served with."""
+        return self._version
+
+    @property
+    def uses_fast_path(self) -> bool:
+        return self._fast_path
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    def start(self) -> EngineProcess:
+        """Start the child and wait until its engine is ready (seconds: it imports torch)."""
+        if self._process is not None:
+            return self
+        if self._stopping:
+            raise EngineStoppedError("the engine was stopped; create a new one")
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        # A plain child (not multiprocessing's spawn): the caller's script is not re-imported, so it
+        # needs no `if __name__ == "__main__"` guard.
+        process = subprocess.Popen(
+            [sys.executable, "-m", "reinforge.engine.process", str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        theirs.close()
+        conn = Connection(ours.detach())
+        try:
+            conn.send_bytes(
+                pickle.dumps((self._model, self.tokenizer, self._kwargs, self._threads), protocol=5)
+            )
+            if not conn.poll(_START_TIMEOUT_S):
+                raise EngineError(f"the engine process did not start within {_START_TIMEOUT_S:.0f} s")
+            kind, payload = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError) as exc:
+            conn.close()
+            process.kill()
+            code = process.wait(5)
+            raise EngineError(f"the engine process exited while starting (exit {code})") from exc
+        except BaseException:
+            conn.close()
+            process.kill()
+            process.wait(5)
+            raise
+        if kind == "error":
+            conn.close()
+            process.wait(10)
+            raise payload
+        self._model = None  # the child has its copy; the caller's model is not kept alive here
+        self._fast_path = bool(payload["fast_path"])
+        self._conn, self._process = conn, process
+        self._reader = threading.Thread(target=self._read, name="reinforge-engine-reader", daemon=True)
+        self._reader.start()
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop the child; pending requests fail with EngineStoppedError."""
+        self._stopping = True
+        conn, process = self._conn, self._process
+        if conn is not None and self._failure is None:
+            with contextlib.suppress(EngineError):
+                self._send(("stop",))
+        if process is not None:
+            try:
+                process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(5)
+        if conn is not None:
+            conn.close()
+        if self._reader is not None:
+            self._reader.join(5)
+        self._fail_all(EngineStoppedError("the engine stopped before the request finished"))
+
+    def __enter__(self) -> EngineProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- asyncio API -----------------------------------------------------------------------------
+
+    async def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None) -> EngineOutput:
+        """Generate one completion; cancelling the awaiting task frees the request's slot."""
+        call_id, call = self._open(prompt_ids, sampling, streaming=False)
+        finished = False
+        try:
+            kind, payload = await call.queue.get()
+            finished = True
+            if kind == "error":
+                raise payload
+            assert isinstance(payload, EngineOutput)
+            return payload
+        finally:
+            self._close(call_id, cancel=not finished)
+
+    async def stream(
+        self, prompt_ids: list[int], sampling: SamplingParams | None = None
+    ) -> AsyncIterator[EngineDelta | EngineOutput]:
+        """Deltas as the child produces them, then the EngineOutput (as `Engine.stream`)."""
+        call_id, call = self._open(prompt_ids, sampling, streaming=True)
+        finished = False
+        try:
+            while True:
+                kind, payload = await call.queue.get()
+                if kind == "error":
+                    finished = True
+                    raise payload
+                if kind == "done":
+                    finished = True
+                    yield payload
+                    return
+                yield payload
+        finally:
+            self._close(call_id, cancel=not finished)
+
+    async def load_weights(self, weights: WeightsSource, version: int) -> None:
+        """Swap in new weights between steps, as `Engine.load_weights` (the child applies them)."""
+        if version < 0:
+            raise InvalidRequestError("policy version must be >= 0")
+        call_id, call = self._register()
+        fresh_file: str | None = None
+        shared = False
+        try:
+            if isinstance(weights, (str, Path)):
+                payload: Any = str(weights)
+            elif self._publishing:
+                # Another update is reading the shared buffer: this one travels in the message.
+                payload = {name: tensor.detach().cpu() for name, tensor in weights.items()}
+            else:
+                self._publishing = shared = True
+                payload, fresh_file = self._shared.write(weights)
+            self._send(("weights", call_id, payload, version))
+            kind, result = await call.queue.get()
+        finally:
+            if shared:
+                self._publishing = False
+            if fresh_file is not None:
+                # The child has mapped it by now (or never will): the name is no longer needed.
+                with contextlib.suppress(OSError):
+                    os.unlink(fresh_file)
+            self._close(call_id, cancel=False)
+        if kind == "error":
+            raise result
+        self._version = version
+
+    # ---- plumbing --------------------------------------------------------------------------------
+
+    def _register(self) -> tuple[int, _Call]:
+        if self._conn is None and not self._stopping:
+            self.start()
+        call_id = next(self._ids)
+        call = _Call(asyncio.get_running_loop())
+        # Checked under the lock `_fail_all` takes after setting them: a call is either refused
+        # here or failed there, never left waiting on a child that is gone.
+        with self._calls_lock:
+            if self._failure is not None:
+                raise self._failure
+            if self._stopping:
+                raise EngineStoppedError("the engine is stopped")
+            self._calls[call_id] = call
+        return call_id, call
+
+    def _open(
+        self, prompt_ids: list[int], sampling: SamplingParams | None, *, streaming: bool
+    ) -> tuple[int, _Call]:
+        call_id, call = self._register()
+        try:
+            self._send(("gen", call_id, list(prompt_ids), sampling or SamplingParams(), streaming))
+        except BaseException:
+            self._close(call_id, cancel=False)
+            raise
+        return call_id, call
+
+    def _close(self, call_id: int, *, cancel: bool) -> None:
+        with self._calls_lock:
+            known = self._calls.pop(call_id, None) is not None
+        if cancel and known and self._failure is None and not self._stopping:
+            with contextlib.suppress(OSError, ValueError, EngineError):
+                self._send(("cancel", call_id))
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        conn = self._conn
+        if conn is None:
+            raise EngineStoppedError("the engine process is not running")
+        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            with self._send_lock:
+                conn.send_bytes(data)
+        except (OSError, ValueError) as exc:
+            raise self._failure or EngineError(f"the engine process is gone: {exc}") from exc
+
+    def _read(self) -> None:
+        """The reader thread: hands each batch of results to the callers' loops, one wake-up each."""
+        conn = self._conn
+        assert conn is not None
+        try:
+            while True:
+                batch: list[tuple[int, str, Any]] = pickle.loads(conn.recv_bytes())
+                by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Call, str, Any]]] = {}
+                with self._calls_lock:
+                    for call_id, kind, payload in batch:
+                        call = self._calls.get(call_id)
+                        if call is not None:
+                            by_loop.setdefault(call.loop, []).append((call, kind, payload))
+                for loop, items in by_loop.items():
+                    with contextlib.suppress(RuntimeError):  # that loop has closed
+                        loop.call_soon_threadsafe(_put_all, items)
+        except (EOFError, OSError):
+            pass
+        if not self._stopping:
+            code = self._process.wait() if self._process is not None else None
+            self._failure = EngineError(f"the engine process exited unexpectedly (exit {code})")
+            logger.error("%s", self._failure)
+            self._fail_all(self._failure)
+
+    def _fail_all(self, error: EngineError) -> None:
+        with self._calls_lock:
+            calls = list(self._calls.values())
+            self._calls.clear()
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Call, str, Any]]] = {}
+        for call in calls:
+            by_loop.setdefault(call.loop, []).append((call, "error", error))
+        for loop, items in by_loop.items():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_put_all, items)
+
+
+def _put_all(items: list[tuple[_Call, str, Any]]) -> None:
+    for call, kind, payload in items:
+        call.queue.put_nowait((kind, payload))
+
+
+# ---- the child -----------------------------------------------------------------------------------
+
+
+def _serve(conn: Connection) -> None:
+    """The child's main: an engine, an event loop for its calls, and a thread reading the pipe."""
+    try:
+        model, tokenizer, kwargs, threads = pickle.loads(conn.recv_bytes())
+        torch.set_num_threads(threads)
+        engine = Engine(model, tokenizer, **kwargs).start()
+    except EOFError:
+        return
+    except Exception as exc:
+        conn.send_bytes(pickle.dumps(("error", _portable(exc))))
+        return
+    conn.send_bytes(pickle.dumps(("ready", {"fast_path": engine.uses_fast_path, "pid": os.getpid()})))
+    asyncio.run(_ChildLoop(conn, engine).run())
+    engine.stop()
+
+
+class _ChildLoop:
+    def __init__(self, conn: Connection, engine: Engine) -> None:
+        self.conn, self.engine = conn, engine
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.outbox: list[tuple[int, str, Any]] = []
+        self.done = asyncio.Event()
+        self.shared = _SharedWeights()
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        reader = threading.Thread(target=self._read, args=(loop,), name="engine-pipe-reader", daemon=True)
+        reader.start()
+        await self.done.wait()
+        for task in self.tasks.values():
+            task.cancel()
+
+    def _read(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            while True:
+                message = pickle.loads(self.conn.recv_bytes())
+                loop.call_soon_threadsafe(self._handle, message)
+                if message[0] == "stop":
+                    return
+        except (EOFError, OSError):  # the parent is gone
+            loop.call_soon_threadsafe(self.done.set)
+
+    def _handle(self, message: tuple[Any, ...]) -> None:
+        kind = message[0]
+        if kind == "gen":
+            _, call_id, prompt, sampling, streaming = message
+            work = (
+                self._stream(call_id, prompt, sampling)
+                if streaming
+                else self._generate(call_id, prompt, sampling)
+            )
+            self.tasks[call_id] = asyncio.get_running_loop().create_task(work)
+        elif kind == "cancel":
+            task = self.tasks.pop(message[1], None)
+            if task is not None:
+                task.cancel()
+        elif kind == "weights":
+            _, call_id, weights, version = message
+            self.tasks[call_id] = asyncio.get_running_loop().create_task(
+                self._weights(call_id, weights, version)
+            )
+        elif kind == "stop":
+            self.done.set()
+
+    async def _generate(self, call_id: int, prompt: list[int], sampling: SamplingParams) -> None:
+        try:
+            self._post(call_id, "done", await self.engine.generate(prompt, sampling))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._post(call_id, "error", _portable(exc))
+        finally:
+            self.tasks.pop(call_id, None)
+
+    async def _stream(self, call_id: int, prompt: list[int], sampling: SamplingParams) -> None:
+        try:
+            async for item in self.engine.stream(prompt, sampling):
+                self._post(call_id, "done" if isinstance(item, EngineOutput) else "delta", item)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            self._post(call_id, "error", _portable(exc))
+        finally:
+            self.tasks.pop(call_id, None)
+
+    async def _weights(self, call_id: int, weights: Any, version: int) -> None:
+        try:
+            if isinstance(weights, _SharedPayload):
+                weights = self.shared.read(weights)
+            await self.engine.load_weights(weights, version)
+            self._post(call_id, "ok", version)
+        except Exception as exc:
+            self._post(call_id, "error", _portable(exc))
+        finally:
+            self.tasks.pop(call_id, None)
+
+    def _post(self, call_id: int, kind: str, payload: Any) -> None:
+        """Queue a result; everything queued in one loop pass goes out as one message."""
+        if not self.outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.outbox.append((call_id, kind, payload))
+
+    def _flush(self) -> None:
+        batch, self.outbox = self.outbox, []
+        with contextlib.suppress(OSError, ValueError):
+            self.conn.send_bytes(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def _portable(exc: Exception) -> Exception:
+    """The error itself when it survives pickling, else an EngineError that names it."""
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception:
+        return EngineError(f"{type(exc).__name__}: {exc}")
+    return exc
+
+
+@dataclass(frozen=True)
+class _SharedPayload:
+    """A weight update left in the shared buffer at `path`; `layout` is sent when the buffer is new."""
+
+    path: str
+    layout: tuple[tuple[str, tuple[int, ...], torch.dtype, int], ...] | None
+
+
+class _SharedWeights:
+    """One file-backed shared buffer both processes map, holding a state dict's tensors.
+
+    Publishing copies the tensors in (a memcpy) and sends only a small message, instead of
+    pickling the whole state each step. The file lives in /dev/shm (memory) where there is one,
+    and is unlinked as soon as the child has mapped it, so a crash leaves nothing behind.
+    """
+
+    def __init__(self) -> None:
+        self._path = ""
+        self._key: tuple[tuple[str, tuple[int, ...], torch.dtype], ...] = ()
+        self._views: dict[str, torch.Tensor] = {}
+
+    def write(self, state: Mapping[str, torch.Tensor]) -> tuple[_SharedPayload, str | None]:
+        """(the message for the child, the path to unlink once it has answered, if the buffer is new)."""
+        key = tuple((name, tuple(t.shape), t.dtype) for name, t in state.items())
+        fresh: str | None = None
+        layout = None
+        if key != self._key:
+            offsets, total = [], 0
+            for _, shape, dtype in key:
+                offsets.append(total)
+                nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+                total += -(-nbytes // 64) * 64
+            folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            handle, fresh = tempfile.mkstemp(prefix="reinforge-weights-", dir=folder)
+            os.close(handle)
+            layout = tuple(
+                (n, shape, dtype, off) for (n, shape, dtype), off in zip(key, offsets, strict=True)
+            )
+            self._views = _map(fresh, layout, max(total, 1))
+            self._key, self._path = key, fresh
+        with torch.no_grad():
+            for name, tensor in state.items():
+                self._views[name].copy_(tensor.detach())
+        return _SharedPayload(self._path, layout), fresh
+
+    def read(self, payload: _SharedPayload) -> dict[str, torch.Tensor]:
+        if payload.layout is not None:
+            size = max((off + _nbytes(shape, dtype) for _, shape, dtype, off in payload.layout), default=1)
+            self._views = _map(payload.path, payload.layout, size)
+        return self._views
+
+
+def _nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
+def _map(
+    path: str, layout: tuple[tuple[str, tuple[int, ...], torch.dtype, int], ...], size: int
+) -> dict[str, torch.Tensor]:
+    flat = torch.from_file(path, shared=True, size=size, dtype=torch.uint8)
+    return {
+        name: flat[off : off + _nbytes(shape, dtype)].view(dtype).view(shape)
+        for name, shape, dtype, off in layout
+    }
+
+
+if __name__ == "__main__":
+    # Run the module's own copy (not __main__'s), so the classes pickled across the pipe match.
+    from reinforge.engine.process import _serve as serve
+
+    serve(Connection(int(sys.argv[1])))
