@@ -127,3 +127,43 @@ async def test_bad_finish_bodies_are_400s(served: Served) -> None:
         not_json = await http.post("/finish", content=b"{", headers={"Content-Type": "application/json"})
         assert not_json.status_code == 400
     assert (await served.store.get_attempt(attempt_id)).status is AttemptStatus.running
+
+
+async def test_finish_many_ends_each_attempt_with_its_own_status(served: Served) -> None:
+    """`POST /finish`: every item is judged alone; the good ones are stored even when others fail."""
+    good, stray, wrong_token, done = [await running_attempt(served.store) for _ in range(4)]
+    await served.client(good.attempt.attempt_id).chat.completions.create(model="m", messages=MESSAGES)  # type: ignore[arg-type]
+    finished = AttemptOutcome(status=AttemptStatus.succeeded, reward=1.0)
+    await served.gateway.finish_attempt(done.attempt.attempt_id, finished)
+
+    def item(leased: Any, spans: list[Span], token: str | None = None) -> dict[str, Any]:
+        attempt_id = leased.attempt.attempt_id
+        return {
+            "attempt_id": attempt_id,
+            "token": token or finish_token(SECRET, attempt_id),
+            **_body(AttemptOutcome(status=AttemptStatus.succeeded), spans),
+        }
+
+    items = [
+        item(good, [_reward_span(good.rollout.rollout_id, good.attempt.attempt_id, 0.75)]),
+        item(stray, [_reward_span(stray.rollout.rollout_id, good.attempt.attempt_id, 1.0)]),
+        item(wrong_token, [], token="not-the-token"),
+        item(done, []),
+    ]
+    async with httpx.AsyncClient(base_url=served.url) as http:
+        reply = await http.post("/finish", json={"items": items})
+        assert reply.status_code == 200, reply.text
+        results = reply.json()["results"]
+        assert [r["status"] for r in results] == [200, 400, 401, 409]
+        assert results[1]["error"]["param"] == "spans.0.attempt_id"
+        assert results[2]["error"]["code"] == "invalid_api_key"
+        assert results[3]["error"]["code"] == "StaleAttemptError"
+        # A malformed batch is refused as a whole, naming what is wrong.
+        empty = await http.post("/finish", json={"items": []})
+        assert empty.status_code == 400 and "items" in empty.text
+    # The good item took the emitted reward and has all its spans; the refused ones are untouched.
+    assert (await served.store.get_rollout(good.rollout.rollout_id)).reward == 0.75
+    spans = (await served.store.query_spans(SpanQuery(attempt_id=good.attempt.attempt_id))).items
+    assert sorted(s.name for s in spans) == sorted([semconv.SPAN_LLM_CALL, semconv.SPAN_FINAL_REWARD])
+    for leased in (stray, wrong_token):
+        assert (await served.store.get_rollout(leased.rollout.rollout_id)).status is RolloutStatus.running

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from reinforge import semconv
@@ -54,3 +56,75 @@ def test_error_bodies_map_to_typed_errors() -> None:
     refused = _error(401, body("invalid_api_key"), "gateway finish")
     assert isinstance(refused, InvalidRequestError) and "401: m" in str(refused)
     assert isinstance(_error(404, b"not found", "x"), InvalidRequestError)  # no such route
+
+
+async def test_finishes_that_queue_up_go_out_in_one_request(stack: Stack) -> None:
+    rollouts = await enqueue(stack.store, *({"i": i} for i in range(12)))
+    leased = await stack.store.lease_rollouts("r", 12)
+    client = GatewayClient(stack.gateway_url, GATEWAY_SECRET)
+    assert client._fast is not None
+    sent: list[str] = []
+    real_post = client._fast.post
+
+    async def counted(path: str, *args: object, **kwargs: object) -> tuple[int, bytes]:
+        sent.append(path)
+        return await real_post(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    client._fast.post = counted  # type: ignore[method-assign]
+    try:
+        lone = leased[0].attempt.attempt_id
+        await client.finish(lone, AttemptOutcome(status=AttemptStatus.succeeded, reward=0.0))
+        assert sent == [f"/r/{lone}/finish"]  # a finish with nothing queued goes out alone, at once
+
+        async def finish(i: int) -> None:
+            lr = leased[i]
+            span = Span(
+                rollout_id=lr.rollout.rollout_id,
+                attempt_id=lr.attempt.attempt_id,
+                name=semconv.SPAN_FINAL_REWARD,
+                attributes={semconv.ATTR_REWARD_VALUE: i / 10},
+            )
+            await client.finish(lr.attempt.attempt_id, AttemptOutcome(status=AttemptStatus.succeeded), [span])
+
+        await asyncio.gather(*(finish(i) for i in range(1, 12)))
+        assert sent[1:] == ["/finish"]  # eleven finishes, one request
+        by_id = {
+            r.rollout_id: r for r in await stack.store.wait_for_rollouts([r.rollout_id for r in rollouts], 5)
+        }
+        for i, lr in enumerate(leased):
+            final = by_id[lr.rollout.rollout_id]
+            assert final.status is RolloutStatus.succeeded
+            assert final.reward == pytest.approx(i / 10)
+    finally:
+        await client.aclose()
+
+
+async def test_a_refused_finish_in_a_batch_fails_only_its_caller(stack: Stack) -> None:
+    await enqueue(stack.store, {"a": 1}, {"b": 2})
+    first, second = await stack.store.lease_rollouts("r", 2)
+    client = GatewayClient(stack.gateway_url, GATEWAY_SECRET)
+    ok = AttemptOutcome(status=AttemptStatus.succeeded, reward=1.0)
+    try:
+        await client.finish(second.attempt.attempt_id, ok)
+        results = await asyncio.gather(
+            client.finish(first.attempt.attempt_id, ok),
+            client.finish(second.attempt.attempt_id, ok),  # finished already: stale
+            client.finish("no-such-attempt", ok),
+            return_exceptions=True,
+        )
+        assert results[0] is None
+        assert isinstance(results[1], StaleAttemptError)
+        assert isinstance(results[2], NotFoundError)
+        assert (await stack.store.get_rollout(first.rollout.rollout_id)).status is RolloutStatus.succeeded
+    finally:
+        await client.aclose()
+
+
+async def test_queued_finishes_fail_cleanly_when_the_gateway_is_gone() -> None:
+    client = GatewayClient("http://127.0.0.1:9/gateway", GATEWAY_SECRET, timeout_s=2.0)
+    failed = AttemptOutcome(status=AttemptStatus.failed)
+    results = await asyncio.gather(
+        *(client.finish(f"a{i}", failed) for i in range(5)), return_exceptions=True
+    )
+    assert all(isinstance(r, StoreUnavailableError) for r in results)
+    await client.aclose()

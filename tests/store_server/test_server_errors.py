@@ -45,9 +45,13 @@ async def test_wrong_types_are_422_naming_the_field(http: httpx.AsyncClient) -> 
         ("/store/spans/query", {"limit": True}, "limit"),
         ("/store/rollouts/enqueue", {"specs": [{"max_attempts": True}]}, "max_attempts"),
         ("/store/rollouts/lease", {"runner_id": "r", "max_rollouts": False}, "max_rollouts"),
+        # Durations too (found by the schemathesis fuzz: `"lease_seconds": true` leased for 1 s).
+        ("/store/rollouts/lease", {"runner_id": "r", "lease_seconds": True}, "lease_seconds"),
+        ("/store/rollouts/lease", {"runner_id": "r", "wait_seconds": True}, "wait_seconds"),
+        ("/store/rollouts/wait", {"rollout_ids": [], "timeout_seconds": False}, "timeout_seconds"),
     ],
 )
-async def test_booleans_are_not_integers(
+async def test_booleans_are_not_numbers(
     http: httpx.AsyncClient, path: str, body: dict[str, object], field: str
 ) -> None:
     # pydantic's lax mode would read `true` as 1; a boolean count or offset is a client's bug.

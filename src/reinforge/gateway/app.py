@@ -72,6 +72,7 @@ def create_gateway_app(
         Route("/r/{attempt_id}/reward", guarded(e.reward), methods=["POST"]),
         Route("/r/{attempt_id}/flush", guarded(e.flush), methods=["POST"]),
         Route("/r/{attempt_id}/finish", guarded(e.finish), methods=["POST"]),
+        Route("/finish", guarded(e.finish_many), methods=["POST"]),
         Route("/v1/models", guarded(e.models), methods=["GET"]),
         Route("/health", guarded(e.health), methods=["GET"]),
     ]

@@ -4,6 +4,7 @@ models, and the reward and flush routes; each turns failures into OpenAI-shaped 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,12 +17,15 @@ from reinforge.errors import ReinforgeError
 from reinforge.gateway import formats
 from reinforge.gateway.attempts import AttemptState
 from reinforge.gateway.backend import GenerationRequest, GenerationResult, TextDelta
-from reinforge.gateway.errors import error_body, error_response, response_for
+from reinforge.gateway.errors import error_body, error_object, error_response, response_for, status_and_error
 from reinforge.gateway.protocol import (
     ChatCompletionBody,
     CompletionBody,
+    FinishItem,
+    FinishManyBody,
     ResponsesBody,
     chat_request,
+    check_span_owners,
     completion_request,
     finish_body,
     parse_body,
@@ -525,6 +529,33 @@ class Endpoints:
         body = finish_body(await g.read_json(request), attempt_id)
         rollout = await g.finish_attempt(attempt_id, body.outcome, body.spans)
         return Response(rollout.model_dump_json(), media_type=_JSON)
+
+    async def finish_many(self, request: Request) -> Response:
+        """`POST /finish`: a runner ends several attempts in one request, each as `finish` would.
+
+        Every item gets its own status (and OpenAI-shaped error), so one refused item (a stale
+        attempt, a wrong token) does not fail the others; they are stored together.
+        """
+        g = self.g
+        g.bind()
+        body = parse_body(FinishManyBody, await g.read_json(request))
+
+        async def one(item: FinishItem) -> dict[str, Any]:
+            try:
+                g.check_finish_token_value(item.attempt_id, item.token)
+                check_span_owners(item, item.attempt_id)
+                await g.finish_attempt(item.attempt_id, item.outcome, item.spans)
+            except ReinforgeError as exc:
+                status, error = status_and_error(exc)
+                return {"status": status, "error": error}
+            except Exception as exc:
+                log.exception("gateway error finishing %s", item.attempt_id)
+                message = f"internal gateway error: {type(exc).__name__}: {exc}"
+                return {"status": 500, "error": error_object(500, message)}
+            return {"status": 200}
+
+        results = await asyncio.gather(*(one(item) for item in body.items))
+        return _ok({"results": results})
 
     async def health(self, request: Request) -> Response:
         g = self.g

@@ -7,6 +7,7 @@ Agents written against OpenAI's SDKs parse this shape to raise their own typed e
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from starlette.responses import Response
 
@@ -42,9 +43,15 @@ class GatewayHTTPError(ReinforgeError):
         self.code = code
 
 
+def error_object(
+    status: int, message: str, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    """The inside of an error body: `{"message", "type", "param", "code"}`."""
+    return {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}
+
+
 def error_body(status: int, message: str, param: str | None = None, code: str | None = None) -> bytes:
-    error = {"message": message, "type": _TYPES.get(status, "server_error"), "param": param, "code": code}
-    return json.dumps({"error": error}).encode()
+    return json.dumps({"error": error_object(status, message, param, code)}).encode()
 
 
 def error_response(status: int, message: str, param: str | None = None, code: str | None = None) -> Response:
@@ -55,6 +62,17 @@ def error_response(status: int, message: str, param: str | None = None, code: st
 
 def response_for(exc: ReinforgeError) -> Response:
     """Map any reinforge error to its HTTP status and an OpenAI-shaped body."""
-    param = getattr(exc, "param", None)
-    code = getattr(exc, "code", None) or type(exc).__name__
-    return error_response(exc.http_status, str(exc) or type(exc).__name__, param, code)
+    return error_response(exc.http_status, **_fields(exc))
+
+
+def status_and_error(exc: ReinforgeError) -> tuple[int, dict[str, Any]]:
+    """`response_for`, as a status and the error object (for one item of a batched reply)."""
+    return exc.http_status, error_object(exc.http_status, **_fields(exc))
+
+
+def _fields(exc: ReinforgeError) -> dict[str, Any]:
+    return {
+        "message": str(exc) or type(exc).__name__,
+        "param": getattr(exc, "param", None),
+        "code": getattr(exc, "code", None) or type(exc).__name__,
+    }

@@ -121,6 +121,26 @@ class FinishBody(BaseModel):
     spans: list[Span] = Field(default_factory=list, max_length=MAX_FINISH_SPANS)
 
 
+MAX_FINISH_BATCH = 1024
+"""Attempts one `POST /finish` may end."""
+
+
+class FinishItem(FinishBody):
+    """One attempt of a batched finish, with the runner's finish token for it."""
+
+    attempt_id: str = Field(min_length=1, max_length=128)
+    token: str
+
+
+class FinishManyBody(BaseModel):
+    """`POST /finish`: several attempts ended in one request (a runner's finishes that queued up
+    while its previous request was in flight)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    items: list[FinishItem] = Field(min_length=1, max_length=MAX_FINISH_BATCH)
+
+
 def parse_body(model: type[M], data: Any) -> M:
     """Validate a decoded JSON body; a validation failure becomes a 400 naming the parameter."""
     if not isinstance(data, dict):
@@ -371,6 +391,12 @@ def reward_body(data: Any) -> RewardBody:
 
 def finish_body(data: Any, attempt_id: str) -> FinishBody:
     body = parse_body(FinishBody, data)
+    check_span_owners(body, attempt_id)
+    return body
+
+
+def check_span_owners(body: FinishBody, attempt_id: str) -> None:
+    """A finish may carry only the finished attempt's own spans (400 naming the first stray one)."""
     for i, span in enumerate(body.spans):
         if span.attempt_id != attempt_id:
             raise GatewayHTTPError(
@@ -379,4 +405,3 @@ def finish_body(data: Any, attempt_id: str) -> FinishBody:
                 param=f"spans.{i}.attempt_id",
                 code="invalid_value",
             )
-    return body

@@ -336,7 +336,10 @@ class Gateway:
 
     def check_finish_token(self, request: Request, attempt_id: str) -> None:
         """Finishing needs the runner's token for the attempt; the agent's own token is refused."""
-        given = bearer_token(request_header(request, b"authorization"))
+        self.check_finish_token_value(attempt_id, bearer_token(request_header(request, b"authorization")))
+
+    def check_finish_token_value(self, attempt_id: str, given: str | None) -> None:
+        """`check_finish_token` for a token that came in a body (`POST /finish`)."""
         if not token_matches(finish_token(self._secret, attempt_id), given):
             raise GatewayHTTPError(
                 401,

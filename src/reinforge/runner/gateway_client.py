@@ -1,4 +1,5 @@
-"""The runner's calls to the gateway: finish an attempt (one request), flush an abandoned one.
+"""The runner's calls to the gateway: finish attempts (one request, or one for several that end
+together), flush an abandoned one.
 
 Why through the gateway: the gateway holds the attempt's LLM spans in its recorder and sits beside the
 store, so one request there can write the runner's spans with the gateway's, wait until all of them
@@ -10,6 +11,7 @@ httpx.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Sequence
 from urllib.parse import quote, urlsplit
@@ -25,6 +27,7 @@ from reinforge.errors import (
 )
 from reinforge.gateway.auth import attempt_token, finish_token
 from reinforge.gateway.http11 import HTTPConnectionError, KeepAliveClient
+from reinforge.gateway.protocol import MAX_FINISH_BATCH
 from reinforge.types import AttemptOutcome, Span
 
 
@@ -37,6 +40,8 @@ class GatewayClient:
         self.timeout_s = timeout_s
         self._fast: KeepAliveClient | None = None
         self._httpx: httpx.AsyncClient | None = None
+        self._finishing: list[tuple[str, bytes, asyncio.Future[None]]] = []
+        self._finisher: asyncio.Task[None] | None = None
         if urlsplit(self.gateway_url).scheme == "http":
             self._fast = KeepAliveClient(self.gateway_url)
         else:
@@ -44,6 +49,11 @@ class GatewayClient:
 
     async def finish(self, attempt_id: str, outcome: AttemptOutcome, spans: Sequence[Span] = ()) -> None:
         """Record `spans`, flush the attempt's spans and finish it (see `Gateway.finish_attempt`).
+
+        Finishes asked for while an earlier one is in flight queue up and go out together, in one
+        `POST /finish` (each with its own result), as soon as it returns: a burst of attempts
+        ending together costs a few requests instead of one each, and a lone finish waits for
+        nothing.
 
         Raises StaleAttemptError (finished too late), NotFoundError, StoreUnavailableError (worth
         retrying: the gateway or its store is unreachable or failing), or InvalidRequestError.
@@ -57,7 +67,77 @@ class GatewayClient:
                 b"]}",
             )
         )
-        await self._post(attempt_id, "finish", body, finish_token(self._secret, attempt_id))
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+        self._finishing.append((attempt_id, body, done))
+        if self._finisher is None or self._finisher.done():
+            self._finisher = loop.create_task(self._send_finishes(), name="gateway-finishes")
+        await done
+
+    async def _send_finishes(self) -> None:
+        batch: list[tuple[str, bytes, asyncio.Future[None]]] = []
+        try:
+            while self._finishing:
+                batch = self._finishing[:MAX_FINISH_BATCH]
+                del self._finishing[:MAX_FINISH_BATCH]
+                batch = [entry for entry in batch if not entry[2].done()]  # callers cancelled meanwhile
+                if len(batch) == 1:
+                    attempt_id, body, done = batch[0]
+                    try:
+                        await self._post(attempt_id, "finish", body, finish_token(self._secret, attempt_id))
+                    except ReinforgeError as e:
+                        _settle(done, e)
+                    else:
+                        _settle(done, None)
+                elif batch:
+                    await self._finish_many(batch)
+        finally:
+            # Cancelled (the loop is closing): nobody may be left waiting for an answer.
+            unsent = StoreUnavailableError("the finish was not sent: the gateway client stopped")
+            for _, _, done in [*batch, *self._finishing]:
+                _settle(done, unsent)
+            self._finishing.clear()
+
+    async def _finish_many(self, batch: list[tuple[str, bytes, asyncio.Future[None]]]) -> None:
+        items = [
+            b"".join(
+                (
+                    b'{"attempt_id":',
+                    json.dumps(attempt_id).encode(),
+                    b',"token":"',
+                    finish_token(self._secret, attempt_id).encode(),
+                    b'",',
+                    body[1:],  # the single finish's fields, inside the item's object
+                )
+            )
+            for attempt_id, body, _ in batch
+        ]
+        what = f"gateway finish of {len(batch)} attempts"
+        try:
+            status, data = await self._request(
+                "/finish", b'{"items":[' + b",".join(items) + b"]}", None, what
+            )
+            if status >= 400:
+                raise _error(status, data, what)
+            results = json.loads(data)["results"]
+            if not isinstance(results, list) or len(results) != len(batch):
+                raise StoreUnavailableError(f"{what}: the gateway answered {len(results)} results")
+        except ReinforgeError as e:
+            for _, _, done in batch:
+                _settle(done, e)
+            return
+        except (ValueError, KeyError, TypeError) as e:
+            error = StoreUnavailableError(f"{what}: unreadable answer from the gateway: {e!r}")
+            for _, _, done in batch:
+                _settle(done, error)
+            return
+        for (attempt_id, _, done), result in zip(batch, results, strict=True):
+            code = int(result.get("status", 500)) if isinstance(result, dict) else 500
+            if code < 400:
+                _settle(done, None)
+            else:
+                error_json = json.dumps({"error": result.get("error") if isinstance(result, dict) else None})
+                _settle(done, _error(code, error_json.encode(), f"gateway finish for {attempt_id}"))
 
     async def flush(self, attempt_id: str) -> None:
         """Return once every span the gateway recorded for the attempt is in the store."""
@@ -65,25 +145,37 @@ class GatewayClient:
 
     async def _post(self, attempt_id: str, action: str, body: bytes, token: str) -> None:
         path = f"/r/{quote(attempt_id, safe='')}/{action}"
-        headers = {"Authorization": f"Bearer {token}"}
+        what = f"gateway {action} for {attempt_id}"
+        status, data = await self._request(path, body, token, what)
+        if status >= 400:
+            raise _error(status, data, what)
+
+    async def _request(self, path: str, body: bytes, token: str | None, what: str) -> tuple[int, bytes]:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
         try:
             if self._fast is not None:
-                status, data = await self._fast.post(path, body, self.timeout_s, headers)
-            else:
-                assert self._httpx is not None
-                headers["Content-Type"] = "application/json"
-                response = await self._httpx.post(self.gateway_url + path, content=body, headers=headers)
-                status, data = response.status_code, response.content
+                return await self._fast.post(path, body, self.timeout_s, headers)
+            assert self._httpx is not None
+            headers["Content-Type"] = "application/json"
+            response = await self._httpx.post(self.gateway_url + path, content=body, headers=headers)
+            return response.status_code, response.content
         except (HTTPConnectionError, OSError, TimeoutError, httpx.HTTPError) as e:
-            raise StoreUnavailableError(f"gateway {action} for {attempt_id} failed: {e!r}") from e
-        if status >= 400:
-            raise _error(status, data, f"gateway {action} for {attempt_id}")
+            raise StoreUnavailableError(f"{what} failed: {e!r}") from e
 
     async def aclose(self) -> None:
         if self._fast is not None:
             self._fast.close()
         if self._httpx is not None:
             await self._httpx.aclose()
+
+
+def _settle(done: asyncio.Future[None], error: ReinforgeError | None) -> None:
+    if done.done():  # the caller was cancelled: nobody is waiting for the result
+        return
+    if error is None:
+        done.set_result(None)
+    else:
+        done.set_exception(error)
 
 
 def _error(status: int, data: bytes, what: str) -> ReinforgeError:

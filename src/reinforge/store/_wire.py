@@ -31,13 +31,13 @@ class EnqueueRequest(_Body):
 class LeaseRequest(_Body):
     runner_id: str = Field(min_length=1, max_length=128)
     max_rollouts: int = Field(default=1, ge=1, le=MAX_PAGE_SIZE, strict=True)
-    lease_seconds: float = Field(default=60.0, gt=0, le=MAX_LEASE_SECONDS)
-    wait_seconds: float = Field(default=0.0, ge=0, le=MAX_WAIT_SECONDS)
+    lease_seconds: float = Field(default=60.0, gt=0, le=MAX_LEASE_SECONDS, strict=True)
+    wait_seconds: float = Field(default=0.0, ge=0, le=MAX_WAIT_SECONDS, strict=True)
     mode: RolloutMode | None = None
 
 
 class HeartbeatRequest(_Body):
-    lease_seconds: float = Field(default=60.0, gt=0, le=MAX_LEASE_SECONDS)
+    lease_seconds: float = Field(default=60.0, gt=0, le=MAX_LEASE_SECONDS, strict=True)
 
 
 class RolloutIdsRequest(_Body):
@@ -46,7 +46,7 @@ class RolloutIdsRequest(_Body):
 
 class WaitRequest(_Body):
     rollout_ids: list[str] = Field(max_length=MAX_BATCH)
-    timeout_seconds: float = Field(default=MAX_WAIT_SECONDS, ge=0, le=MAX_WAIT_SECONDS)
+    timeout_seconds: float = Field(default=MAX_WAIT_SECONDS, ge=0, le=MAX_WAIT_SECONDS, strict=True)
 
 
 class AddSpansRequest(_Body):
