@@ -13,7 +13,7 @@ from reinforge.errors import (
     StaleAttemptError,
     StoreUnavailableError,
 )
-from reinforge.runner import LLM, Agent, CommandAgent, Runner, agent
+from reinforge.runner import LLM, Agent, CommandAgent, Runner, agent, gateway_http_client
 from reinforge.tracing import emit_reward, span
 from reinforge.types import (
     Attempt,
@@ -88,5 +88,6 @@ __all__ = [
     "__version__",
     "agent",
     "emit_reward",
+    "gateway_http_client",
     "span",
 ]
