@@ -131,6 +131,8 @@ async def test_plain_httpx_clients_work_too(served: Served) -> None:
         assert response.status_code == 200
         assert response.json()["status"] == "ok"
         assert response.headers["content-type"].startswith("application/json")
+        head = await client.head(f"{served.url}/health")  # no body follows: httpx's transport reads it
+        assert head.status_code == 200 and head.content == b""
 
 
 async def raw_server(handler: Any) -> AsyncIterator[str]:

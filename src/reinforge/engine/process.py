@@ -78,6 +78,7 @@ class EngineProcess:
         self._process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._send_lock = threading.Lock()
+        self._start_lock = threading.Lock()
         self._calls: dict[int, _Call] = {}
         self._calls_lock = threading.Lock()
         self._ids = itertools.count()
@@ -102,11 +103,16 @@ class EngineProcess:
         return self._process.pid if self._process is not None else None
 
     def start(self) -> EngineProcess:
-        """Start the child and wait until its engine is ready (seconds: it imports torch)."""
-        if self._process is not None:
-            return self
-        if self._stopping:
-            raise EngineStoppedError("the engine was stopped; create a new one")
+        """Start the child and wait until its engine is ready (seconds: it imports torch). Calls
+        made before it start the child themselves, blocking their event loop meanwhile."""
+        with self._start_lock:
+            if self._process is None:
+                if self._stopping:
+                    raise EngineStoppedError("the engine was stopped; create a new one")
+                self._spawn()
+        return self
+
+    def _spawn(self) -> None:
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         # A plain child (not multiprocessing's spawn): the caller's script is not re-imported, so it
@@ -145,7 +151,6 @@ class EngineProcess:
         self._conn, self._process = conn, process
         self._reader = threading.Thread(target=self._read, name="reinforge-engine-reader", daemon=True)
         self._reader.start()
-        return self
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the child; pending requests fail with EngineStoppedError."""

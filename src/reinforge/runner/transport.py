@@ -7,8 +7,8 @@ per request in the agent's process: a third of the agents' CPU in `benchmarks/tr
 This transport writes the request httpx built as it is (method, target, headers, body) on a
 pooled keep-alive connection and parses the reply with httptools (the C parser uvicorn uses).
 Everything above the transport (the SDK's retries and errors, httpx's auth, redirects, timeouts
-configuration and response model) is unchanged. HTTPS and other schemes go to httpx's own
-transport.
+configuration and response model) is unchanged. HTTPS, other schemes and HEAD requests go to
+httpx's own transport.
 
 It works with both `httpx` and `httpx2` (the fork recent OpenAI SDKs use): responses, streams and
 errors are built from the package of the request it is handed.
@@ -158,7 +158,7 @@ class GatewayTransport:
     async def handle_async_request(self, request: Any) -> Any:
         mod = _package_of(request)
         url = request.url
-        if url.scheme != "http":
+        if url.scheme != "http" or request.method == "HEAD":  # a HEAD reply's length has no body
             if self._fallback is None:
                 self._fallback = mod.AsyncHTTPTransport()
             return await self._fallback.handle_async_request(request)
