@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -279,3 +280,38 @@ def test_fit_decays_the_learning_rate_over_the_steps(tokenizer: Any, tmp_path: P
     result = trainer.fit(parity_agent, TRAIN)
     rates = [r["update/learning_rate"] for r in result.history if "train/reward" in r]
     assert rates == pytest.approx([1e-2, 7e-3, 4e-3])  # 1e-2 x (0.1 + 0.9 x (1 - done)), done = 0, 1/3, 2/3
+
+
+def test_the_engine_can_run_in_its_own_process(tokenizer: Any, tmp_path: Path) -> None:
+    """`engine_process=True`: the same on-policy fit with the engine in a child process (weights
+    published through shared memory each step), and no child left when fit returns."""
+    import asyncio
+    import os
+
+    trainer = Trainer(
+        small_model(tokenizer),
+        tokenizer,
+        algorithm=GRPO(group_size=4),
+        config=config(tmp_path, max_steps=3, engine_process=True, prefetch_rollouts=True),
+    )
+    result = trainer.fit(parity_agent, TRAIN, VAL)
+    steps = [r for r in result.history if "train/reward" in r]
+    assert [r["policy_version"] for r in steps] == [1, 2, 3]
+    assert set(result.val_after) == {"val/success", "val/greedy_success"}
+    by_status, calls = asyncio.run(_store_snapshot(tmp_path))
+    assert by_status["succeeded"] == 24 + 2 * 2 * len(VAL)  # training, and validation before and after
+    versions: dict[int, set[int]] = {}
+    for rollout_id, version in calls:
+        if (step := re.search(r"-s(\d+)-", rollout_id)) is not None:  # training rollouts, not validation
+            versions.setdefault(int(step.group(1)), set()).add(version)
+    assert versions == {1: {0}, 2: {1}, 3: {2}}
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and b"reinforge.engine.process" in cmdline:
+            children.append(stat.parent.name)
+    assert children == []
