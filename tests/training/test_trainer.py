@@ -168,6 +168,15 @@ async def _store_snapshot(run_dir: Path) -> tuple[dict[str, int], list[tuple[str
         await store.close()
 
 
+def _versions_by_step(calls: list[tuple[str, int]]) -> dict[int, set[int]]:
+    """The policy versions that sampled each training step's calls (validation calls left out)."""
+    versions: dict[int, set[int]] = {}
+    for rollout_id, version in calls:
+        if (step := re.search(r"-s(\d+)-", rollout_id)) is not None:
+            versions.setdefault(int(step.group(1)), set()).add(version)
+    return versions
+
+
 def test_overlapped_rollouts_train_one_version_behind_and_leave_nothing_running(
     tokenizer: Any, tmp_path: Path
 ) -> None:
@@ -187,10 +196,7 @@ def test_overlapped_rollouts_train_one_version_behind_and_leave_nothing_running(
     # Three steps of 2 tasks x 4, each started before the previous update: nothing was started for a
     # step that did not run (max_steps bounds it), and nothing is left queued or running.
     assert by_status == {"succeeded": 24}
-    versions: dict[int, set[int]] = {}
-    for rollout_id, version in calls:
-        step = int(rollout_id.split("-s")[1].split("-")[0])
-        versions.setdefault(step, set()).add(version)
+    versions = _versions_by_step(calls)
     # Step n's calls ran on version n - 2 (started during update n - 1) or n - 1 (after its publish).
     assert versions[1] == {0}
     for n in (2, 3):
@@ -244,9 +250,7 @@ def test_prefetched_rollouts_start_early_yet_are_sampled_by_the_version_they_tra
     assert all(r["train/rollouts"] == 8 and r["credit/transitions"] == 8 for r in steps)
     by_status, calls = asyncio.run(_store_snapshot(tmp_path))
     assert by_status == {"succeeded": 24}
-    versions: dict[int, set[int]] = {}
-    for rollout_id, version in calls:
-        versions.setdefault(int(rollout_id.split("-s")[1].split("-")[0]), set()).add(version)
+    versions = _versions_by_step(calls)
     assert versions == {1: {0}, 2: {1}, 3: {2}}
     times = asyncio.run(_step_times(tmp_path))
     for step in (2, 3):
@@ -300,10 +304,7 @@ def test_the_engine_can_run_in_its_own_process(tokenizer: Any, tmp_path: Path) -
     assert set(result.val_after) == {"val/success", "val/greedy_success"}
     by_status, calls = asyncio.run(_store_snapshot(tmp_path))
     assert by_status["succeeded"] == 24 + 2 * 2 * len(VAL)  # training, and validation before and after
-    versions: dict[int, set[int]] = {}
-    for rollout_id, version in calls:
-        if (step := re.search(r"-s(\d+)-", rollout_id)) is not None:  # training rollouts, not validation
-            versions.setdefault(int(step.group(1)), set()).add(version)
+    versions = _versions_by_step(calls)
     assert versions == {1: {0}, 2: {1}, 3: {2}}
     children = []
     for stat in Path("/proc").glob("[0-9]*/stat"):

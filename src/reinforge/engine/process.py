@@ -7,8 +7,8 @@ had room): the engine's Python ran at half speed in `Trainer.fit` against the sa
 In its own process the engine has its own lock and its own core.
 
 What crosses the pipe: requests (prompt ids, sampling), results (`EngineOutput`, stream deltas),
-and weight updates (a state dict, pickled: a few ms for the demo's model; a path to a
-safetensors file works too). Requests, results and the child's errors keep their types.
+and weight updates (a few bytes naming a buffer both processes map, `_SharedWeights`; a path to
+a safetensors file is passed as it is). Requests, results and the child's errors keep their types.
 If the child dies, every pending and later call fails with `EngineError`; if the parent dies,
 the child sees its pipe close and exits.
 """
@@ -27,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -56,7 +56,7 @@ class _Call:
 
 
 class EngineProcess:
-    """`Engine(model, tokenizer, ...)` in a spawned child process; `generate`, `stream`,
+    """`Engine(model, tokenizer, ...)` in a child process; `generate`, `stream`,
     `load_weights`, `start`, `stop` and `policy_version` behave as the in-process engine's do."""
 
     def __init__(
@@ -296,15 +296,9 @@ class EngineProcess:
         try:
             while True:
                 batch: list[tuple[int, str, Any]] = pickle.loads(conn.recv_bytes())
-                by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Call, str, Any]]] = {}
                 with self._calls_lock:
-                    for call_id, kind, payload in batch:
-                        call = self._calls.get(call_id)
-                        if call is not None:
-                            by_loop.setdefault(call.loop, []).append((call, kind, payload))
-                for loop, items in by_loop.items():
-                    with contextlib.suppress(RuntimeError):  # that loop has closed
-                        loop.call_soon_threadsafe(_put_all, items)
+                    found = [(self._calls.get(call_id), kind, payload) for call_id, kind, payload in batch]
+                _dispatch([(call, kind, payload) for call, kind, payload in found if call is not None])
         except (EOFError, OSError):
             pass
         if not self._stopping:
@@ -317,12 +311,17 @@ class EngineProcess:
         with self._calls_lock:
             calls = list(self._calls.values())
             self._calls.clear()
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Call, str, Any]]] = {}
-        for call in calls:
-            by_loop.setdefault(call.loop, []).append((call, "error", error))
-        for loop, items in by_loop.items():
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_put_all, items)
+        _dispatch([(call, "error", error) for call in calls])
+
+
+def _dispatch(results: list[tuple[_Call, str, Any]]) -> None:
+    """Hand results to their callers' loops (from any thread): one wake-up per loop, not per result."""
+    by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Call, str, Any]]] = {}
+    for call, kind, payload in results:
+        by_loop.setdefault(call.loop, []).append((call, kind, payload))
+    for loop, items in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # that loop has closed
+            loop.call_soon_threadsafe(_put_all, items)
 
 
 def _put_all(items: list[tuple[_Call, str, Any]]) -> None:
@@ -344,7 +343,7 @@ def _serve(conn: Connection) -> None:
     except Exception as exc:
         conn.send_bytes(pickle.dumps(("error", _portable(exc))))
         return
-    conn.send_bytes(pickle.dumps(("ready", {"fast_path": engine.uses_fast_path, "pid": os.getpid()})))
+    conn.send_bytes(pickle.dumps(("ready", {"fast_path": engine.uses_fast_path})))
     asyncio.run(_ChildLoop(conn, engine).run())
     engine.stop()
 
@@ -379,55 +378,42 @@ class _ChildLoop:
         kind = message[0]
         if kind == "gen":
             _, call_id, prompt, sampling, streaming = message
-            work = (
-                self._stream(call_id, prompt, sampling)
-                if streaming
-                else self._generate(call_id, prompt, sampling)
-            )
-            self.tasks[call_id] = asyncio.get_running_loop().create_task(work)
+            self._start(call_id, self._stream if streaming else self._generate, prompt, sampling)
         elif kind == "cancel":
             task = self.tasks.pop(message[1], None)
             if task is not None:
                 task.cancel()
         elif kind == "weights":
             _, call_id, weights, version = message
-            self.tasks[call_id] = asyncio.get_running_loop().create_task(
-                self._weights(call_id, weights, version)
-            )
+            self._start(call_id, self._weights, weights, version)
         elif kind == "stop":
             self.done.set()
 
-    async def _generate(self, call_id: int, prompt: list[int], sampling: SamplingParams) -> None:
+    def _start(self, call_id: int, work: Callable[..., Awaitable[None]], *args: Any) -> None:
+        self.tasks[call_id] = asyncio.get_running_loop().create_task(self._answer(call_id, work, *args))
+
+    async def _answer(self, call_id: int, work: Callable[..., Awaitable[None]], *args: Any) -> None:
+        """Run one call's work; its failure goes back to the caller as its result. (The work's
+        coroutine is made here, so a call cancelled before it starts leaves none unawaited.)"""
         try:
-            self._post(call_id, "done", await self.engine.generate(prompt, sampling))
-        except asyncio.CancelledError:
-            raise
+            await work(call_id, *args)
         except Exception as exc:
             self._post(call_id, "error", _portable(exc))
         finally:
             self.tasks.pop(call_id, None)
+
+    async def _generate(self, call_id: int, prompt: list[int], sampling: SamplingParams) -> None:
+        self._post(call_id, "done", await self.engine.generate(prompt, sampling))
 
     async def _stream(self, call_id: int, prompt: list[int], sampling: SamplingParams) -> None:
-        try:
-            async for item in self.engine.stream(prompt, sampling):
-                self._post(call_id, "done" if isinstance(item, EngineOutput) else "delta", item)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            self._post(call_id, "error", _portable(exc))
-        finally:
-            self.tasks.pop(call_id, None)
+        async for item in self.engine.stream(prompt, sampling):
+            self._post(call_id, "done" if isinstance(item, EngineOutput) else "delta", item)
 
     async def _weights(self, call_id: int, weights: Any, version: int) -> None:
-        try:
-            if isinstance(weights, _SharedPayload):
-                weights = self.shared.read(weights)
-            await self.engine.load_weights(weights, version)
-            self._post(call_id, "ok", version)
-        except Exception as exc:
-            self._post(call_id, "error", _portable(exc))
-        finally:
-            self.tasks.pop(call_id, None)
+        if isinstance(weights, _SharedPayload):
+            weights = self.shared.read(weights)
+        await self.engine.load_weights(weights, version)
+        self._post(call_id, "ok", version)
 
     def _post(self, call_id: int, kind: str, payload: Any) -> None:
         """Queue a result; everything queued in one loop pass goes out as one message."""
@@ -480,8 +466,7 @@ class _SharedWeights:
             offsets, total = [], 0
             for _, shape, dtype in key:
                 offsets.append(total)
-                nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-                total += -(-nbytes // 64) * 64
+                total += -(-_nbytes(shape, dtype) // 64) * 64  # each tensor 64-byte aligned
             folder = "/dev/shm" if os.path.isdir("/dev/shm") else None
             handle, fresh = tempfile.mkstemp(prefix="reinforge-weights-", dir=folder)
             os.close(handle)

@@ -166,7 +166,7 @@ class GatewayTransport:
         target = url.raw_path.decode("ascii")
         head = "".join(f"{k}: {v}\r\n" for k, v in _header_lines(request.headers.raw))
         wire = f"{request.method} {target} HTTP/1.1\r\n{head}\r\n".encode("latin-1") + body
-        timeout = _read_timeout(request)
+        timeout = _timeout(request, "read")
         loop = asyncio.get_running_loop()
         if loop is not self._loop:
             self._pools, self._loop = {}, loop  # another loop's connections can't serve this one
@@ -185,7 +185,7 @@ class GatewayTransport:
                     if conn.got_bytes:
                         raise
             try:
-                async with asyncio.timeout(_connect_timeout(request)):
+                async with asyncio.timeout(_timeout(request, "connect")):
                     _, conn = await loop.create_connection(
                         lambda: _Connection(pool, self._max_idle), host, port
                     )
@@ -293,13 +293,7 @@ def _header_lines(raw: list[tuple[bytes, bytes]]) -> list[tuple[str, str]]:
     return [(k.decode("latin-1"), v.decode("latin-1")) for k, v in raw]
 
 
-def _read_timeout(request: Any) -> float | None:
-    timeouts = request.extensions.get("timeout") or {}
-    value = timeouts.get("read")
-    return None if value is None else float(value)
-
-
-def _connect_timeout(request: Any) -> float | None:
-    timeouts = request.extensions.get("timeout") or {}
-    value = timeouts.get("connect")
+def _timeout(request: Any, kind: str) -> float | None:
+    """The request's `connect` or `read` timeout in seconds (None: wait as long as it takes)."""
+    value = (request.extensions.get("timeout") or {}).get(kind)
     return None if value is None else float(value)
