@@ -274,6 +274,8 @@ class AttemptQuery(_Query):
 
 class SpanQuery(_Query):
     rollout_id: str | None = None
+    rollout_ids: list[str] | None = Field(default=None, max_length=MAX_PAGE_SIZE)
+    """Spans of any of these rollouts (with `rollout_id` too, of both): one read for a batch."""
     attempt_id: str | None = None
     name: str | None = None
     trace_id: str | None = None

@@ -6,10 +6,12 @@ import asyncio
 import time
 
 import pytest
+from pydantic import ValidationError
 
 from reinforge.errors import ConflictError, InvalidRequestError, NotFoundError, StaleAttemptError
 from reinforge.store import Store
 from reinforge.types import (
+    MAX_PAGE_SIZE,
     MAX_STORED_INT,
     AttemptOutcome,
     AttemptQuery,
@@ -389,6 +391,31 @@ async def test_span_query_filters_and_pagination(store: Store) -> None:
     past = await store.query_spans(SpanQuery(rollout_id="r1", limit=5, offset=20))
     assert (past.items, past.total, past.next_offset) == ([], 6, None)
     assert ids(p1.items + p2.items + p3.items) == ids(spans)
+
+
+async def test_span_query_by_many_rollouts(store: Store) -> None:
+    spans = [span(f"r{i % 3}", f"a{i % 3}", "llm" if i % 2 else "tool") for i in range(12)]
+    await store.add_spans(spans[:7])
+    await store.add_spans(spans[7:])
+
+    def ids(items: list[Span]) -> list[str]:
+        return [s.span_id for s in items]
+
+    both = await store.query_spans(SpanQuery(rollout_ids=["r2", "r0", "r0", "unknown"]))
+    assert ids(both.items) == ids([s for s in spans if s.rollout_id in ("r0", "r2")])
+    assert (both.total, both.next_offset) == (8, None)
+    p1 = await store.query_spans(SpanQuery(rollout_ids=["r0", "r2"], limit=5))
+    p2 = await store.query_spans(SpanQuery(rollout_ids=["r0", "r2"], limit=5, offset=5))
+    assert (p1.total, p1.next_offset, p2.total, p2.next_offset) == (8, 5, 8, None)
+    assert ids(p1.items + p2.items) == ids(both.items)
+    # Combined with the other filters, every filter holds.
+    tools = await store.query_spans(SpanQuery(rollout_ids=["r0", "r1"], name="tool"))
+    assert ids(tools.items) == ids([s for s in spans if s.rollout_id in ("r0", "r1") and s.name == "tool"])
+    narrowed = await store.query_spans(SpanQuery(rollout_ids=["r0", "r1"], rollout_id="r1"))
+    assert ids(narrowed.items) == ids([s for s in spans if s.rollout_id == "r1"])
+    assert (await store.query_spans(SpanQuery(rollout_ids=[]))).items == []
+    with pytest.raises(ValidationError):
+        SpanQuery(rollout_ids=["r"] * (MAX_PAGE_SIZE + 1))
 
 
 # -- queries ---------------------------------------------------------------------------------------

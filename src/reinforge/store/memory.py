@@ -362,12 +362,19 @@ class MemoryStore:
                 pool = self._spans_by_attempt.get(query.attempt_id, [])
             elif query.rollout_id is not None:
                 pool = self._spans_by_rollout.get(query.rollout_id, [])
+            elif query.rollout_ids is not None:
+                pool = sorted(
+                    (i for r in set(query.rollout_ids) for i in self._spans_by_rollout.get(r, [])),
+                    key=lambda i: self._spans[i].sequence or 0,
+                )
             else:
                 pool = self._span_order
+            wanted = None if query.rollout_ids is None else set(query.rollout_ids)
             matches = [
                 s
                 for s in (self._spans[i] for i in pool)
                 if (query.rollout_id is None or s.rollout_id == query.rollout_id)
+                and (wanted is None or s.rollout_id in wanted)
                 and (query.attempt_id is None or s.attempt_id == query.attempt_id)
                 and (query.name is None or s.name == query.name)
                 and (query.trace_id is None or s.trace_id == query.trace_id)

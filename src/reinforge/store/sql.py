@@ -634,8 +634,12 @@ class SqlStore:
 
     async def query_spans(self, query: SpanQuery) -> Page[Span]:
         where: list[ColumnElement[bool]] = []
+        params: dict[str, Any] = {}
         if query.rollout_id is not None:
             where.append(spans.c.rollout_id == query.rollout_id)
+        if query.rollout_ids is not None:
+            where.append(self._s.in_ids(spans.c.rollout_id))
+            params["ids"] = self._s.ids(list(dict.fromkeys(query.rollout_ids)))
         if query.attempt_id is not None:
             where.append(spans.c.attempt_id == query.attempt_id)
         if query.name is not None:
@@ -643,21 +647,28 @@ class SqlStore:
         if query.trace_id is not None:
             where.append(spans.c.trace_id == query.trace_id)
 
+        batch_only = query.rollout_ids is not None and not where[1:] and query.rollout_id is None
+
         def tx(conn: Connection) -> Page[Span]:
             cond = and_(True, *where)
-            rows = conn.execute(
-                select(spans.c.sequence, spans.c.body)
-                .where(cond)
-                .order_by(spans.c.sequence)
-                .limit(query.limit)
-                .offset(query.offset)
-            ).all()
+            if batch_only:  # the trainer's read of a step's spans: a prebuilt statement
+                page = {**params, "limit": query.limit, "offset": query.offset}
+                rows = conn.execute(self._s.spans_of_rollouts, page).all()
+            else:
+                rows = conn.execute(
+                    select(spans.c.sequence, spans.c.body)
+                    .where(cond)
+                    .order_by(spans.c.sequence)
+                    .limit(query.limit)
+                    .offset(query.offset),
+                    params,
+                ).all()
             if len(rows) < query.limit and (rows or query.offset == 0):
                 # A short page is the last one: its end is the total, no count needed (the trainer
-                # reads every rollout's spans each step, in pages that are nearly always short).
+                # reads every step's spans, in pages that are nearly always short).
                 total = query.offset + len(rows)
             elif where:
-                total = conn.execute(select(func.count()).select_from(spans).where(cond)).scalar_one()
+                total = conn.execute(select(func.count()).select_from(spans).where(cond), params).scalar_one()
             else:
                 total = self._count_spans(conn)
             return _rules.make_page([span_from_row(r) for r in rows], total, query.offset)

@@ -28,7 +28,7 @@ from reinforge.types import (
 )
 
 _READS_AT_ONCE = 256
-"""Rollouts whose spans are read concurrently (bounds a remote store's open requests)."""
+"""Rollouts whose spans are read by one paged query, and whose attempts concurrently."""
 
 
 def task_key(task: dict[str, Any], index: int) -> str:
@@ -117,14 +117,18 @@ async def cancel_unfinished(store: Store) -> int:
             return cancelled
 
 
-async def _all_spans(store: Store, rollout_id: str) -> list[Span]:
-    spans: list[Span] = []
+async def _spans_of(store: Store, rollout_ids: Sequence[str]) -> dict[str, list[Span]]:
+    """Every span of these rollouts, by rollout, in one paged read (not a query per rollout)."""
+    by_rollout: dict[str, list[Span]] = {i: [] for i in rollout_ids}
     offset: int | None = 0
     while offset is not None:
-        page = await store.query_spans(SpanQuery(rollout_id=rollout_id, limit=MAX_PAGE_SIZE, offset=offset))
-        spans += page.items
+        page = await store.query_spans(
+            SpanQuery(rollout_ids=list(rollout_ids), limit=MAX_PAGE_SIZE, offset=offset)
+        )
+        for span in page.items:
+            by_rollout[span.rollout_id].append(span)
         offset = page.next_offset
-    return spans
+    return by_rollout
 
 
 async def _attempts(store: Store, rollout: Rollout) -> list[Attempt]:
@@ -199,7 +203,8 @@ async def _transitions_of(
     attempts: list[list[Attempt]] = []
     for i in range(0, len(rollouts), _READS_AT_ONCE):
         chunk = rollouts[i : i + _READS_AT_ONCE]
-        spans += await asyncio.gather(*(_all_spans(store, r.rollout_id) for r in chunk))
+        by_rollout = await _spans_of(store, [r.rollout_id for r in chunk])
+        spans += [by_rollout[r.rollout_id] for r in chunk]
         attempts += await asyncio.gather(*(_attempts(store, r) for r in chunk))
     return [
         build_transitions(rollout, its_spans, credit, attempts=its_attempts)
