@@ -316,3 +316,42 @@ def test_the_engine_can_run_in_its_own_process(tokenizer: Any, tmp_path: Path) -
         if int(fields[1]) == os.getpid() and b"reinforge.engine.process" in cmdline:
             children.append(stat.parent.name)
     assert children == []
+
+
+def test_fit_on_a_served_store(tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`store_url` naming a `reinforge store serve` server: the trainer's loop and the gateway's
+    thread share one HTTP client (each loop on its own connections), and everything lands there."""
+    import asyncio
+    import uuid
+
+    from reinforge.serving import BackgroundServer
+    from reinforge.store import SqlStore
+    from reinforge.store.server import create_store_app
+
+    served = tmp_path / "served"
+    served.mkdir()
+
+    async def open_backend() -> SqlStore:
+        return await SqlStore.open(f"sqlite:///{served / 'store.db'}")
+
+    token = uuid.uuid4().hex
+    server = BackgroundServer(create_store_app(open_backend, token))
+    server.start()
+    try:
+        monkeypatch.setenv("REINFORGE_STORE_TOKEN", token)
+        trainer = Trainer(
+            small_model(tokenizer),
+            tokenizer,
+            algorithm=GRPO(group_size=4),
+            config=config(tmp_path / "run", store_url=server.url, prefetch_rollouts=True),
+        )
+        result = trainer.fit(parity_agent, TRAIN, VAL)
+    finally:
+        server.stop()
+    steps = [r for r in result.history if "train/reward" in r]
+    assert [r["policy_version"] for r in steps] == [1, 2]
+    assert all(r["train/rollouts"] == 8 and r["credit/transitions"] == 8 for r in steps)
+    assert not (tmp_path / "run" / "store.db").exists()  # nothing went to a local store
+    by_status, calls = asyncio.run(_store_snapshot(served))
+    assert by_status["succeeded"] == 16 + 2 * 2 * len(VAL)
+    assert _versions_by_step(calls) == {1: {0}, 2: {1}}

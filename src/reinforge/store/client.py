@@ -9,6 +9,7 @@ with an HTTP timeout longer than its wait.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
@@ -136,25 +137,25 @@ class HttpStoreClient:
                 "(the server wrote it to <run-dir>/store.token)"
             )
         self.base_url = base_url.rstrip("/")
+        self._token = resolved
         self._timeout = timeout_seconds
         self._connect_retries = connect_retries
-        self._http = httpx.AsyncClient(
-            base_url=self.base_url,
-            headers={"Authorization": f"Bearer {resolved}", "Content-Type": "application/json"},
-            timeout=httpx.Timeout(timeout_seconds, connect=10.0),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
-        )
-        # The calls a runner makes for every rollout (lease, spans, finish, heartbeat) are POSTs;
-        # on plain http they go over a lean keep-alive client, at a fraction of httpx's CPU cost
-        # per call. A custom transport (tests, proxies) keeps everything on httpx.
-        self._lean: KeepAliveClient | None = None
-        if transport is None and self.base_url.startswith("http://"):
-            self._lean = KeepAliveClient(
-                self.base_url, headers={"Authorization": f"Bearer {resolved}"}, max_idle=max_connections
+        self._max_connections = max_connections
+        self._transport = transport
+        # Connections, pools and semaphores belong to one event loop, and one client may serve
+        # several (the trainer's loop and the gateway's thread): each loop gets its own.
+        self._per_loop: dict[asyncio.AbstractEventLoop, _LoopClients] = {}
+
+    def _clients(self) -> _LoopClients:
+        loop = asyncio.get_running_loop()
+        clients = self._per_loop.get(loop)
+        if clients is None:
+            for gone in [other for other in self._per_loop if other.is_closed()]:
+                del self._per_loop[gone]  # its connections died with their loop
+            clients = self._per_loop[loop] = _LoopClients(
+                self.base_url, self._token, self._timeout, self._max_connections, self._transport
             )
-        # At most `max_connections` calls in flight on the lean client, as httpx's pool allows.
-        self._lean_slots = asyncio.Semaphore(max_connections)
+        return clients
 
     async def __aenter__(self) -> HttpStoreClient:
         return self
@@ -179,8 +180,9 @@ class HttpStoreClient:
         except PydanticSerializationError as exc:
             what = type(body).__name__
             raise errors.InvalidRequestError(f"{what} holds a value that is not JSON: {exc}") from exc
-        if self._lean is not None and method == "POST" and content is not None:
-            status, raw = await self._post_lean(path, content, wait_seconds, idempotent)
+        clients = self._clients()
+        if clients.lean is not None and method == "POST" and content is not None:
+            status, raw = await self._post_lean(clients, path, content, wait_seconds, idempotent)
             if status >= 400:
                 raise error_from_body(status, raw, f"{self.base_url}{path}")
             return adapter.validate_json(raw)
@@ -189,7 +191,7 @@ class HttpStoreClient:
         attempt = 0
         while True:
             try:
-                response = await self._http.request(method, path, content=content, timeout=timeout)
+                response = await clients.http.request(method, path, content=content, timeout=timeout)
                 break
             except httpx.TransportError as exc:
                 # A refused connection never reached the server, so any call may be re-sent; a call
@@ -206,15 +208,15 @@ class HttpStoreClient:
         return adapter.validate_json(response.content)
 
     async def _post_lean(
-        self, path: str, content: bytes, wait_seconds: float, idempotent: bool
+        self, clients: _LoopClients, path: str, content: bytes, wait_seconds: float, idempotent: bool
     ) -> tuple[int, bytes]:
         """One POST on the lean keep-alive client, re-sent on the same terms as over httpx."""
-        assert self._lean is not None
+        assert clients.lean is not None
         attempt = 0
         while True:
             try:
-                async with self._lean_slots:
-                    return await self._lean.post(path, content, self._timeout + wait_seconds)
+                async with clients.lean_slots:
+                    return await clients.lean.post(path, content, self._timeout + wait_seconds)
             except (OSError, TimeoutError) as exc:
                 # OSError from connecting (refused, unreachable): the request never left. A
                 # connection that broke mid-call (HTTPConnectionError) may have been applied.
@@ -348,15 +350,56 @@ class HttpStoreClient:
     async def health(self) -> bool:
         """True when the server answers its health probe."""
         try:
-            response = await self._http.get("/health")
+            response = await self._clients().http.get("/health")
         except httpx.TransportError:
             return False
         return response.status_code == 200
 
     async def close(self) -> None:
-        if self._lean is not None:
-            self._lean.close()
-        await self._http.aclose()
+        """Close this loop's connections, and ask any other loop still running to close its own."""
+        here = asyncio.get_running_loop()
+        for loop, clients in list(self._per_loop.items()):
+            del self._per_loop[loop]
+            if loop is here:
+                await clients.aclose()
+            elif not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # it closed meanwhile
+                    asyncio.run_coroutine_threadsafe(clients.aclose(), loop)
+
+
+class _LoopClients:
+    """One event loop's connections to the store: httpx for everything, and on plain http a lean
+    keep-alive client for the POSTs a runner makes for every rollout (lease, spans, finish,
+    heartbeat), at a fraction of httpx's CPU cost per call. A custom transport (tests, proxies)
+    keeps everything on httpx."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        timeout_seconds: float,
+        max_connections: int,
+        transport: httpx.AsyncBaseTransport | None,
+    ) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            timeout=httpx.Timeout(timeout_seconds, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=transport,
+        )
+        self.lean: KeepAliveClient | None = None
+        if transport is None and base_url.startswith("http://"):
+            self.lean = KeepAliveClient(
+                base_url, headers={"Authorization": f"Bearer {token}"}, max_idle=max_connections
+            )
+        # At most `max_connections` calls in flight on the lean client, as httpx's pool allows.
+        self.lean_slots = asyncio.Semaphore(max_connections)
+
+    async def aclose(self) -> None:
+        if self.lean is not None:
+            self.lean.close()
+        await self.http.aclose()
 
 
 def _non_negative(name: str, value: float) -> float:
