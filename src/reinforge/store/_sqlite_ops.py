@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from reinforge.store.sql_schema import rollout_from_mapping
-from reinforge.types import Rollout
+from reinforge.types import Rollout, RolloutStatus
 
 _ROLLOUT_COLUMNS = (
     "seq",
@@ -61,6 +61,23 @@ FINISH_ATTEMPT = (
 FINISH_UPDATE_ROLLOUT = (
     "UPDATE rollouts SET status = ?, updated_at = ?, error = ?, finished_at = ?, reward = ?, "
     "current_attempt_id = NULL WHERE seq = ?"
+)
+
+# A wait's look at its pending rollouts. `status || ''` hides the status index, so SQLite looks the
+# few ids up instead of walking every final rollout ever stored (as `Statements.final_by_id`).
+_IDS = "SELECT value FROM json_each(?)"
+EXISTING_IDS = f"SELECT rollout_id FROM rollouts WHERE rollout_id IN ({_IDS})"
+FINAL_BY_ID = (
+    _SELECT_ROLLOUTS
+    + f" WHERE rollouts.rollout_id IN ({_IDS}) AND (rollouts.status || '') IN "
+    + "("
+    + ", ".join(f"'{s.value}'" for s in RolloutStatus if s.is_final)
+    + ")"
+)
+NEXT_DEADLINE = "SELECT min(lease_deadline) FROM attempts WHERE status = 'running'"
+# The spans of a batch of rollouts, a page at a time (as `Statements.spans_of_rollouts`).
+SPANS_OF_ROLLOUTS = (
+    f"SELECT sequence, body FROM spans WHERE rollout_id IN ({_IDS}) ORDER BY sequence LIMIT ? OFFSET ?"
 )
 
 

@@ -250,9 +250,23 @@ class SqlStore:
         conn.execute(q.set_attempt_error, attempt_rows)
         conn.execute(q.expire_rollouts, rollout_rows)
 
+    # A wait's statements (run each time it looks again); on SQLite on the raw cursor.
+
     def _next_deadline_tx(self, conn: Connection) -> float | None:
-        deadline: float | None = conn.execute(self._s.next_deadline).scalar()
-        return deadline
+        if self._s.postgres:
+            deadline: float | None = conn.execute(self._s.next_deadline).scalar()
+            return deadline
+        with contextlib.closing(_sqlite_ops.cursor(conn)) as cur:
+            row = cur.execute(_sqlite_ops.NEXT_DEADLINE).fetchone()
+        return None if row is None else row[0]
+
+    def _final_by_id_tx(self, conn: Connection, ids: Sequence[str]) -> list[Rollout]:
+        """The rollouts among `ids` that are final."""
+        if self._s.postgres:
+            return [rollout_from_row(r) for r in conn.execute(self._s.final_by_id, {"ids": self._s.ids(ids)})]
+        with contextlib.closing(_sqlite_ops.cursor(conn)) as cur:
+            rows = cur.execute(_sqlite_ops.FINAL_BY_ID, (self._s.ids(ids),)).fetchall()
+        return [_sqlite_ops.rollout_from_values(row)[1] for row in rows]
 
     def _sleep_for(self, remaining: float, next_deadline: float | None) -> float:
         sleep = min(remaining, _rules.RECHECK_SECONDS)
@@ -261,7 +275,11 @@ class SqlStore:
         return sleep
 
     def _missing_rollouts_tx(self, conn: Connection, ids: Sequence[str]) -> NotFoundError | None:
-        found = {r.rollout_id for r in conn.execute(self._s.rollouts_by_id, {"ids": self._s.ids(ids)})}
+        if self._s.postgres:
+            found = {r.rollout_id for r in conn.execute(self._s.rollouts_by_id, {"ids": self._s.ids(ids)})}
+        else:
+            with contextlib.closing(_sqlite_ops.cursor(conn)) as cur:
+                found = {r[0] for r in cur.execute(_sqlite_ops.EXISTING_IDS, (self._s.ids(ids),))}
         missing = [i for i in ids if i not in found]
         if missing:
             return NotFoundError(f"rollouts not found: {', '.join(map(repr, missing[:10]))}")
@@ -651,18 +669,23 @@ class SqlStore:
 
         def tx(conn: Connection) -> Page[Span]:
             cond = and_(True, *where)
-            if batch_only:  # the trainer's read of a step's spans: a prebuilt statement
-                page = {**params, "limit": query.limit, "offset": query.offset}
-                rows = conn.execute(self._s.spans_of_rollouts, page).all()
+            rows: list[tuple[int, str]]
+            if batch_only and not self._s.postgres:  # the trainer's read of a step's spans
+                with contextlib.closing(_sqlite_ops.cursor(conn)) as cur:
+                    page = (params["ids"], query.limit, query.offset)
+                    rows = cur.execute(_sqlite_ops.SPANS_OF_ROLLOUTS, page).fetchall()
             else:
-                rows = conn.execute(
-                    select(spans.c.sequence, spans.c.body)
+                statement = (
+                    self._s.spans_of_rollouts
+                    if batch_only
+                    else select(spans.c.sequence, spans.c.body)
                     .where(cond)
                     .order_by(spans.c.sequence)
                     .limit(query.limit)
-                    .offset(query.offset),
-                    params,
-                ).all()
+                    .offset(query.offset)
+                )
+                bound = {**params, "limit": query.limit, "offset": query.offset} if batch_only else params
+                rows = [(r[0], r[1]) for r in conn.execute(statement, bound)]
             if len(rows) < query.limit and (rows or query.offset == 0):
                 # A short page is the last one: its end is the total, no count needed (the trainer
                 # reads every step's spans, in pages that are nearly always short).
@@ -671,7 +694,7 @@ class SqlStore:
                 total = conn.execute(select(func.count()).select_from(spans).where(cond), params).scalar_one()
             else:
                 total = self._count_spans(conn)
-            return _rules.make_page([span_from_row(r) for r in rows], total, query.offset)
+            return _rules.make_page([span_from_row(seq, body) for seq, body in rows], total, query.offset)
 
         return await self._db.read(tx)
 
@@ -696,9 +719,7 @@ class SqlStore:
                 missing = self._missing_rollouts_tx(conn, pending)
                 if missing is not None:
                     return _Raise(missing)
-            rows = conn.execute(self._s.final_by_id, {"ids": self._s.ids(pending)})
-            finished = [rollout_from_row(r) for r in rows]
-            return finished, self._next_deadline_tx(conn)
+            return self._final_by_id_tx(conn, pending), self._next_deadline_tx(conn)
 
         with self._finalised.watch() as watch:
             while True:

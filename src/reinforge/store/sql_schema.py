@@ -152,9 +152,10 @@ def attempt_from_row(row: Any) -> Attempt:
     )
 
 
-def span_from_row(row: Any) -> Span:
-    span = Span.model_validate_json(row._mapping["body"])
-    span.sequence = row._mapping["sequence"]
+def span_from_row(sequence: int, body: str) -> Span:
+    """A span from its row's `sequence` and `body` columns."""
+    span = Span.model_validate_json(body)
+    span.sequence = sequence
     return span
 
 
