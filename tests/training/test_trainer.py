@@ -338,12 +338,12 @@ def test_fit_on_a_served_store(tokenizer: Any, tmp_path: Path, monkeypatch: pyte
     server = BackgroundServer(create_store_app(open_backend, token))
     server.start()
     try:
-        monkeypatch.setenv("REINFORGE_STORE_TOKEN", token)
+        monkeypatch.delenv("REINFORGE_STORE_TOKEN", raising=False)
         trainer = Trainer(
             small_model(tokenizer),
             tokenizer,
             algorithm=GRPO(group_size=4),
-            config=config(tmp_path / "run", store_url=server.url, prefetch_rollouts=True),
+            config=config(tmp_path / "run", store_url=server.url, store_token=token, prefetch_rollouts=True),
         )
         result = trainer.fit(parity_agent, TRAIN, VAL)
     finally:

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
 
 class LoraSettings(BaseModel):
@@ -28,6 +28,8 @@ class TrainerConfig(BaseModel):
     Attributes:
         run_dir: where the store database, checkpoints, metrics and the reward curve go.
         store_url: the store; None means SQLite at `<run_dir>/store.db`.
+        store_token: the bearer token of an `http(s)://` store_url (a `reinforge store serve`
+            server); None reads `$REINFORGE_STORE_TOKEN`.
         max_steps: RL steps (policy updates) to run at most.
         max_minutes: stop after this much RL wall time (None: no time limit); validation time counts.
         tasks_per_step: distinct tasks per step; each runs `group_size` times (from the algorithm).
@@ -87,6 +89,7 @@ class TrainerConfig(BaseModel):
 
     run_dir: Path = Path("runs/latest")
     store_url: str | None = None
+    store_token: SecretStr | None = None
     max_steps: int = Field(default=100, ge=0)
     max_minutes: float | None = Field(default=None, gt=0)
     tasks_per_step: int = Field(default=16, ge=1)

@@ -120,7 +120,8 @@ class Trainer:
             raise InvalidRequestError("the training dataset is empty")
         cfg = self.config
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        store = await open_store(cfg.store_location)
+        token = cfg.store_token.get_secret_value() if cfg.store_token is not None else None
+        store = await open_store(cfg.store_location, token)
         try:
             return await self._fit(store, agent, list(train_dataset), list(val_dataset))
         finally:
