@@ -150,8 +150,9 @@ class HttpStoreClient:
         loop = asyncio.get_running_loop()
         clients = self._per_loop.get(loop)
         if clients is None:
-            for gone in [other for other in self._per_loop if other.is_closed()]:
-                del self._per_loop[gone]  # its connections died with their loop
+            # `list(...)` copies at once: another thread may add its loop meanwhile.
+            for gone in [other for other in list(self._per_loop) if other.is_closed()]:
+                self._per_loop.pop(gone, None)  # its connections died with their loop
             clients = self._per_loop[loop] = _LoopClients(
                 self.base_url, self._token, self._timeout, self._max_connections, self._transport
             )
@@ -359,7 +360,8 @@ class HttpStoreClient:
         """Close this loop's connections, and ask any other loop still running to close its own."""
         here = asyncio.get_running_loop()
         for loop, clients in list(self._per_loop.items()):
-            del self._per_loop[loop]
+            if self._per_loop.pop(loop, None) is None:
+                continue  # another thread's close took it
             if loop is here:
                 await clients.aclose()
             elif not loop.is_closed():
