@@ -665,27 +665,25 @@ class SqlStore:
         if query.trace_id is not None:
             where.append(spans.c.trace_id == query.trace_id)
 
-        batch_only = query.rollout_ids is not None and not where[1:] and query.rollout_id is None
+        # Only `rollout_ids`: the trainer's read of a step's spans, on SQLite a raw-cursor statement.
+        batch_only = query.rollout_ids is not None and len(where) == 1
 
         def tx(conn: Connection) -> Page[Span]:
             cond = and_(True, *where)
             rows: list[tuple[int, str]]
-            if batch_only and not self._s.postgres:  # the trainer's read of a step's spans
+            if batch_only and not self._s.postgres:
                 with contextlib.closing(_sqlite_ops.cursor(conn)) as cur:
                     page = (params["ids"], query.limit, query.offset)
                     rows = cur.execute(_sqlite_ops.SPANS_OF_ROLLOUTS, page).fetchall()
             else:
                 statement = (
-                    self._s.spans_of_rollouts
-                    if batch_only
-                    else select(spans.c.sequence, spans.c.body)
+                    select(spans.c.sequence, spans.c.body)
                     .where(cond)
                     .order_by(spans.c.sequence)
                     .limit(query.limit)
                     .offset(query.offset)
                 )
-                bound = {**params, "limit": query.limit, "offset": query.offset} if batch_only else params
-                rows = [(r[0], r[1]) for r in conn.execute(statement, bound)]
+                rows = [(r[0], r[1]) for r in conn.execute(statement, params)]
             if len(rows) < query.limit and (rows or query.offset == 0):
                 # A short page is the last one: its end is the total, no count needed (the trainer
                 # reads every step's spans, in pages that are nearly always short).

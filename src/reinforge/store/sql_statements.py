@@ -145,13 +145,6 @@ class Statements:
             .on_conflict_do_nothing(index_elements=["span_id"])
             .returning(spans.c.sequence)
         )
-        self.spans_of_rollouts = (
-            select(spans.c.sequence, spans.c.body)
-            .where(self.in_ids(spans.c.rollout_id))
-            .order_by(spans.c.sequence)
-            .limit(bindparam("limit"))
-            .offset(bindparam("offset"))
-        )
         self.get_rollout = select(rollouts).where(r.rollout_id == bindparam("rid"))
         self.count_spans = select(func.count()).select_from(spans)
         self.last_span_sequence = select(func.max(spans.c.sequence))
