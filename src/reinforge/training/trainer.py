@@ -9,6 +9,7 @@ transitions (credit/) → advantages (algorithms/) → policy update → publish
 from __future__ import annotations
 
 import asyncio
+import collections
 import copy
 import gc
 import random
@@ -234,7 +235,7 @@ class Trainer:
                     log.log(0, val_before)
                     progress.note("before training: " + _fmt(val_before))
             started = time.monotonic() - rl_seconds
-            last_step_s = 0.0
+            recent_steps_s: collections.deque[float] = collections.deque(maxlen=_BUDGET_STEPS)
             sampler_state = sampler.state_dict()
             ahead: list[str] | None = None  # the next step's rollouts, started early
             # Prefetching while this step generates needs free runner slots for the next step's
@@ -250,7 +251,8 @@ class Trainer:
                 """Whether `steps` more steps likely fit in the time budget."""
                 if cfg.max_minutes is None:
                     return True
-                return time.monotonic() - started + steps * last_step_s <= cfg.max_minutes * 60
+                longest = max(recent_steps_s, default=0.0)
+                return time.monotonic() - started + steps * longest <= cfg.max_minutes * 60
 
             async def start_step(number: int, policy_version: int, *, hold: bool = False) -> list[str]:
                 """Enqueue step `number`'s rollouts, sampled by `policy_version`; with `hold`, their
@@ -327,7 +329,7 @@ class Trainer:
                 if cfg.val_every and step % cfg.val_every == 0 and step < cfg.max_steps:
                     record.update(await validate(f"s{step}"))
                 record["time/rl_s"] = time.monotonic() - started
-                last_step_s = time.monotonic() - t0
+                recent_steps_s.append(time.monotonic() - t0)
                 log.log(step, record)
                 progress.advance(step, record)
                 if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
@@ -382,6 +384,11 @@ class Trainer:
         save_checkpoint(
             self.config.run_dir / "checkpoints", meta, policy.state_dict(), keep=self.config.keep_checkpoints
         )
+
+
+_BUDGET_STEPS = 5
+"""Steps whose longest duration predicts the next one's for `max_minutes`: step times vary (longer
+answers, a slow validation), and predicting with the last one alone let runs end past the budget."""
 
 
 def _freeze_heap() -> None:
