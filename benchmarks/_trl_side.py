@@ -110,6 +110,7 @@ def main(config_path: str, out_path: str) -> None:
         log_completions=False,
     )
     step_ends: list[float] = []
+    step_cpu: list[float] = []  # this process's CPU seconds (every thread) at each step's end
     rewards: list[float] = []
     budget = float(config["seconds"])
 
@@ -123,6 +124,7 @@ def main(config_path: str, out_path: str) -> None:
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             step_ends.append(time.monotonic() - self.t0)
+            step_cpu.append(time.process_time())
             if step_ends[-1] >= budget:
                 control.should_training_stop = True
 
@@ -161,6 +163,7 @@ def main(config_path: str, out_path: str) -> None:
         "setup_s": setup_s,
         "steps": len(step_ends),
         "step_ends_s": step_ends,
+        "step_cpu_s": step_cpu,
         "rewards": rewards,
         "final_model_dir": str(final_dir),
         "generate_s": generate_s[0],

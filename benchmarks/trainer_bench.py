@@ -7,26 +7,39 @@ respects operator precedence); reward 1 when it is, else 0. Both sides start fro
 learning rate, temperature and completion budget, one optimiser step per batch, and the same wall
 time. They run one after the other in this process's run (TRL in its own venv, `.bench/trl-venv`).
 
-reinforge's side is the product path: `reinforge.training.Trainer.fit` with an agent that calls the
-policy through the OpenAI client → gateway → embedded engine, spans recorded in the store (SQLite),
-runners leasing from the store, credit/ → GRPO advantages → `Policy.update` → weights published to
-the engine. The agents run in `--runner-processes` (default 2) `reinforge runner` children
+reinforge's side is the product path: `reinforge.training.Trainer.fit` with an agent that sends
+its chat call over HTTP to the gateway (the OpenAI-compatible API, through reinforge's keep-alive
+transport) → embedded engine, spans recorded in the store (SQLite), runners leasing from the
+store, credit/ → GRPO advantages → `Policy.update` → weights published to the engine. The agents
+run in `--runner-processes` (default 2) `reinforge runner` children
 (`TrainerConfig.runner_processes`: the agents' own Python then runs beside the trainer's instead of
-under its interpreter lock); `--runner-processes 0` runs them in the trainer's process. The runners
-have room for two steps' rollouts, so that `Trainer.fit`'s default `prefetch_rollouts` starts the
-next step's agents while this step generates (their calls wait at the gateway for the new weights:
-still strictly on-policy).
+under its interpreter lock); `--runner-processes 0` runs them in the trainer's process. The engine
+runs in its own process (`--engine-process on`, `TrainerConfig.engine_process`): with the agents in
+runner processes, the trainer's process otherwise sits at one core under its interpreter lock. The
+runners have room for two steps' rollouts, so that `Trainer.fit`'s default `prefetch_rollouts`
+starts the next step's agents while this step generates (their calls wait at the gateway for the
+new weights: still strictly on-policy).
 
 Printed: steps/s and the training reward of each side, then both final models evaluated by the same
 code on held-out questions (sampled at the training temperature, and greedy), and
 `RESULT trainer_steps_per_s_ratio_vs_trl=<ours / trl>` for `Trainer.fit` with its defaults apart
-from `runner_processes`. A third reinforge side runs `Trainer.fit` with `overlap_rollouts=True` (the
-next step's rollouts generated during this step's update, one policy version behind, TIS-corrected:
-not the default because it is not strictly on-policy) and prints
-`RESULT trainer_overlap_steps_per_s_ratio_vs_trl=<x>`. TRL gets two torch threads, both cores of
-the development machine, as reinforge's runner processes and threads have: its update gains from
-the second thread (1.54 against 1.04 steps/s with one), and a baseline is measured at its best.
-`--trl-threads 1` gives the one-thread figure this bench printed until session 4.
+from `runner_processes` and `engine_process`. Each side also prints its CPU per step (every
+process it runs, over the steps its steps/s counts) and, for reinforge, the most steps/s that CPU
+allows with every core busy: no scheduling beats that ceiling.
+
+The agent is the thinnest one that goes through the whole spine, because TRL's side has no agent
+at all (a reward function over token ids): what the bench compares is the trainers. A second
+`Trainer.fit` side runs the same agent written with the OpenAI SDK (`chat.completions.create`, a
+client per rollout) and prints `RESULT trainer_openai_agent_steps_per_s_ratio_vs_trl=<x>`: the
+SDK's own Python (building and validating the request, parsing the reply) costs about as much CPU
+per call as the gateway and the store together, and on two cores that CPU is what the step waits
+for. A third side runs `Trainer.fit` with `overlap_rollouts=True` (the next step's rollouts
+generated during this step's update, one policy version behind, TIS-corrected: not the default
+because it is not strictly on-policy) and prints `RESULT trainer_overlap_steps_per_s_ratio_vs_trl=<x>`.
+TRL gets two torch threads, both cores of the development machine, as reinforge's runner processes
+and threads have: its update gains from the second thread (1.54 against 1.04 steps/s with one),
+and a baseline is measured at its best. `--trl-threads 1` gives the one-thread figure this bench
+printed until session 4.
 
     .venv/bin/python benchmarks/trainer_bench.py            # 120 s per side
     .venv/bin/python benchmarks/trainer_bench.py --quick    # 15 s per side, a smoke run
@@ -56,6 +69,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _step_cpu import MetricsCpuSampler, StepCpu, from_step_ends  # noqa: E402
 from _trl_side import first_tool_expression  # noqa: E402
 from openai import AsyncOpenAI  # noqa: E402
 from openai._base_client import get_platform  # noqa: E402
@@ -112,22 +126,50 @@ def rollout_client(llm: LLM) -> AsyncOpenAI:
     return client
 
 
+def first_call_request(task: dict[str, Any], llm: LLM) -> dict[str, Any]:
+    """The chat call both agents make: the question, the calculator tool, the run's sampling."""
+    sampling = llm.resources.get("sampling") or {}
+    return {
+        "model": llm.model,
+        "messages": [{"role": "user", "content": str(task["question"])}],
+        "tools": [CALCULATOR_TOOL],
+        "temperature": float(sampling.get("temperature", 1.0)),
+        "max_tokens": int(sampling.get("max_tokens", 48)),
+    }
+
+
+def first_call_reward(name: str | None, arguments: str | None, task: dict[str, Any]) -> float:
+    """1.0 when the first tool call is the calculator on the right sub-expression."""
+    if name != "calculator" or arguments is None:
+        return 0.0
+    return 1.0 if expression_of(arguments) == task["expected"] else 0.0
+
+
 @agent(name="first-call")
 async def first_call_agent(task: dict[str, Any], llm: LLM) -> float:
-    """One chat call with the calculator tool; 1.0 when the first tool call is the right sub-expression."""
-    sampling = llm.resources.get("sampling") or {}
-    client = rollout_client(llm)
-    response = await client.chat.completions.create(
-        model=llm.model,
-        messages=[{"role": "user", "content": str(task["question"])}],
-        tools=[CALCULATOR_TOOL],  # type: ignore[list-item]
-        temperature=float(sampling.get("temperature", 1.0)),
-        max_tokens=int(sampling.get("max_tokens", 48)),
+    """One `POST /chat/completions` with the calculator tool, as any HTTP client (or an agent in
+    another language) sends it: the JSON body, the rollout's key, the reply's first tool call."""
+    response = await gateway_http_client().post(
+        f"{llm.base_url.rstrip('/')}/chat/completions",
+        json=first_call_request(task, llm),
+        headers={"Authorization": f"Bearer {llm.api_key}"},
     )
-    calls = [c for c in response.choices[0].message.tool_calls or [] if c.type == "function"]
-    if not calls or calls[0].function.name != "calculator":
+    response.raise_for_status()
+    message = response.json()["choices"][0]["message"]
+    calls = [c for c in message.get("tool_calls") or [] if c.get("type") == "function"]
+    if not calls:
         return 0.0
-    return 1.0 if expression_of(calls[0].function.arguments) == task["expected"] else 0.0
+    return first_call_reward(calls[0]["function"].get("name"), calls[0]["function"].get("arguments"), task)
+
+
+@agent(name="first-call")
+async def first_call_agent_openai(task: dict[str, Any], llm: LLM) -> float:
+    """The same call through the OpenAI SDK (`chat.completions.create`), with a client per rollout."""
+    response = await rollout_client(llm).chat.completions.create(**first_call_request(task, llm))
+    calls = [c for c in response.choices[0].message.tool_calls or [] if c.type == "function"]
+    if not calls:
+        return 0.0
+    return first_call_reward(calls[0].function.name, calls[0].function.arguments, task)
 
 
 def first_step(task: Any) -> str:
@@ -176,8 +218,10 @@ def run_reinforge(
     work: Path,
     *,
     overlap: bool = False,
+    openai_agent: bool = False,
 ) -> dict[str, Any]:
-    run_dir = work / ("reinforge-run-overlap" if overlap else "reinforge-run")
+    name = "reinforge-run" + ("-overlap" if overlap else "") + ("-openai" if openai_agent else "")
+    run_dir = work / name
     shutil.rmtree(run_dir, ignore_errors=True)
     trainer = Trainer(
         model,
@@ -207,7 +251,8 @@ def run_reinforge(
             **({} if args.runner_nice is None else {"runner_processes_nice": args.runner_nice}),
         ),
     )
-    fit = trainer.fit(first_call_agent, train)
+    with MetricsCpuSampler(run_dir / "metrics.jsonl") as cpu:
+        fit = trainer.fit(first_call_agent_openai if openai_agent else first_call_agent, train)
     steps = [r for r in fit.history if "train/reward" in r]
     recorded_prompt = asyncio.run(_one_recorded_prompt(run_dir))
     return {
@@ -217,6 +262,7 @@ def run_reinforge(
         "update_s": sum(float(r["time/update_s"]) for r in steps),
         "recorded_prompt": recorded_prompt,
         "model": trainer.model,
+        "cpu": cpu.result(),
     }
 
 
@@ -308,6 +354,7 @@ async def _core(
     version, started = 0, time.monotonic()
     gen_s = update_s = 0.0
     step_ends: list[float] = []
+    step_cpu: list[float] = []
     try:
         while time.monotonic() - started < args.seconds:
             picked = [
@@ -350,8 +397,10 @@ async def _core(
             version += 1
             await engine.load_weights(policy.engine_state(), version)
             step_ends.append(time.monotonic() - started)
+            step_cpu.append(time.process_time())
         return {
             "step_ends": step_ends,
+            "cpu": from_step_ends(step_ends, step_cpu),
             "rewards": rewards,
             "model": model,
             "generate_s": gen_s,
@@ -422,6 +471,19 @@ def report(
     return rate
 
 
+def print_cpu(cpu: StepCpu | None, children: str = "child processes") -> None:
+    if cpu is not None:
+        print(cpu.line(children))
+
+
+def cpu_ceiling(cpu: StepCpu | None) -> float | None:
+    """The most steps/s this side's CPU per step allows with every core busy (no scheduling does
+    better: what waits on nothing still needs its CPU)."""
+    if cpu is None or cpu.per_step <= 0:
+        return None
+    return (os.cpu_count() or 1) / cpu.per_step
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument(
@@ -440,6 +502,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--skip-overlap", action="store_true", help="skip the Trainer.fit side with overlap_rollouts=True"
     )
     parser.add_argument(
+        "--skip-openai-agent",
+        action="store_true",
+        help="skip the Trainer.fit side whose agent calls through the OpenAI SDK",
+    )
+    parser.add_argument(
         "--runner-processes",
         type=int,
         default=2,
@@ -454,7 +521,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--engine-process",
         choices=["on", "off"],
-        default="off",
+        default="on",
         help="reinforge's TrainerConfig.engine_process: the engine in its own child process",
     )
     parser.add_argument(
@@ -484,7 +551,8 @@ def main() -> None:
         f"trainer_bench: warm start {warm}; {args.prompts_per_step} prompts x group {args.group_size} "
         f"per step, lr {args.learning_rate}, max_tokens {args.max_tokens}, {args.seconds:g} s per side, "
         f"torch threads 1 per process (TRL {args.trl_threads}), reinforge runner processes "
-        f"{args.runner_processes}, load average {os.getloadavg()[0]:.1f} (2 cores, shared)"
+        f"{args.runner_processes}, engine process {args.engine_process}, "
+        f"load average {os.getloadavg()[0]:.1f} (2 cores, shared)"
     )
     before = evaluate(model, tokenizer, held_out, args.max_tokens)
     print(
@@ -499,12 +567,20 @@ def main() -> None:
     core_load = os.getloadavg()[0]
     ours = run_reinforge(copy.deepcopy(model), tokenizer, train, args, work)
     ours_load = os.getloadavg()[0]
+    sdk = (
+        None
+        if args.skip_openai_agent
+        else run_reinforge(copy.deepcopy(model), tokenizer, train, args, work, openai_agent=True)
+    )
+    sdk_load = os.getloadavg()[0]
     overlap = (
         None
         if args.skip_overlap
         else run_reinforge(copy.deepcopy(model), tokenizer, train, args, work, overlap=True)
     )
     overlap_load = os.getloadavg()[0]
+
+    children = "runner and engine processes" if args.engine_process == "on" else "runner processes"
 
     def report_side(name: str, side: dict[str, Any], load: float) -> float:
         """`report` for one of reinforge's sides: its held-out success evaluated here."""
@@ -513,11 +589,25 @@ def main() -> None:
 
     ours_rate = report_side("reinforge Trainer.fit (store + gateway + engine + runner)", ours, ours_load)
     print(f"  of which rollouts {ours['rollout_s']:.1f} s, policy updates {ours['update_s']:.1f} s")
+    print_cpu(ours["cpu"], children)
+    ceiling = cpu_ceiling(ours["cpu"])
+    if ceiling is not None:
+        print(f"  at that CPU per step, {os.cpu_count()} busy cores allow at most {ceiling:.3f} steps/s")
     question, recorded = ours["recorded_prompt"]
     same = bool(recorded) and recorded == list(
         tokenizer(prompt_text(tokenizer, question), add_special_tokens=False)["input_ids"]
     )
     print(f"prompt check: the gateway recorded {'the same' if same else 'DIFFERENT'} token ids TRL gets")
+    sdk_rate = sdk_ceiling = None
+    if sdk is not None:
+        sdk_rate = report_side("reinforge Trainer.fit, the agent on the OpenAI SDK", sdk, sdk_load)
+        print(f"  of which rollouts {sdk['rollout_s']:.1f} s, policy updates {sdk['update_s']:.1f} s")
+        print_cpu(sdk["cpu"], children)
+        sdk_ceiling = cpu_ceiling(sdk["cpu"])
+        if sdk_ceiling is not None:
+            print(
+                f"  at that CPU per step, {os.cpu_count()} busy cores allow at most {sdk_ceiling:.3f} steps/s"
+            )
     overlap_rate = None
     if overlap is not None:
         overlap_rate = report_side("reinforge Trainer.fit, overlap_rollouts=True", overlap, overlap_load)
@@ -525,10 +615,12 @@ def main() -> None:
             f"  of which waiting for rollouts {overlap['rollout_s']:.1f} s, "
             f"policy updates {overlap['update_s']:.1f} s"
         )
+        print_cpu(overlap["cpu"], children)
     core_rate = None
     if core is not None:
         core_rate = report_side("reinforge core (engine + Policy.update, no spine)", core, core_load)
         print(f"  of which generation {core['generate_s']:.1f} s, policy updates {core['update_s']:.1f} s")
+        print_cpu(core["cpu"])
     if trl is None:
         print("TRL skipped (--skip-trl): no ratio")
         return
@@ -547,12 +639,20 @@ def main() -> None:
     )
     if "generate_s" in trl:
         print(f"  of which generation {trl['generate_s']:.1f} s (HF generate), the rest the policy update")
+    print_cpu(from_step_ends(trl["step_ends_s"], trl.get("step_cpu_s") or []))
     if core_rate is not None:
         print(f"core steps/s vs TRL: {core_rate / trl_rate:.2f}x")
         print(f"RESULT trainer_core_steps_per_s_ratio_vs_trl={core_rate / trl_rate:.2f}")
     if overlap_rate is not None:
         print(f"Trainer.fit (overlap_rollouts) steps/s vs TRL: {overlap_rate / trl_rate:.2f}x")
         print(f"RESULT trainer_overlap_steps_per_s_ratio_vs_trl={overlap_rate / trl_rate:.2f}")
+    if sdk_rate is not None:
+        if sdk_ceiling is not None:
+            print(f"Trainer.fit (OpenAI SDK agent) CPU ceiling vs TRL: {sdk_ceiling / trl_rate:.2f}x")
+        print(f"Trainer.fit (OpenAI SDK agent) steps/s vs TRL: {sdk_rate / trl_rate:.2f}x")
+        print(f"RESULT trainer_openai_agent_steps_per_s_ratio_vs_trl={sdk_rate / trl_rate:.2f}")
+    if ceiling is not None:
+        print(f"Trainer.fit CPU ceiling vs TRL: {ceiling / trl_rate:.2f}x")
     print(f"Trainer.fit steps/s vs TRL: {ours_rate / trl_rate:.2f}x")
     print(f"RESULT trainer_steps_per_s_ratio_vs_trl={ours_rate / trl_rate:.2f}")
     if args.quick:

@@ -6,6 +6,7 @@ import asyncio
 import copy
 import glob
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -129,6 +130,65 @@ async def test_a_cancelled_call_frees_its_slot(
         call.cancel()
     await asyncio.gather(*calls, return_exceptions=True)
     # All 8 slots were taken; these would wait forever if the cancelled calls still held them.
+    done = await asyncio.wait_for(
+        asyncio.gather(*(child.generate(ids(tokenizer, p), GREEDY) for p in PROMPTS * 3)), timeout=60
+    )
+    assert len(done) == 9
+
+
+async def test_requests_of_one_loop_pass_go_out_in_one_write(
+    child: EngineProcess, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    assert child._conn is not None
+    conn = child._conn
+    writes: list[int] = []
+    send_bytes = conn.send_bytes
+
+    def counting(data: bytes) -> None:
+        writes.append(len(data))
+        send_bytes(data)
+
+    conn.send_bytes = counting  # type: ignore[method-assign]
+    try:
+        prompts = [ids(tokenizer, p) for p in PROMPTS * 2]
+        together = await asyncio.gather(*(child.generate(p, GREEDY) for p in prompts))
+    finally:
+        conn.send_bytes = send_bytes  # type: ignore[method-assign]
+    assert len(writes) == 1  # six requests, one message
+    alone = [await child.generate(p, GREEDY) for p in prompts]
+    assert [o.token_ids for o in together] == [o.token_ids for o in alone]
+
+
+async def test_a_call_cancelled_before_its_request_is_written_is_cancelled_after_it(
+    child: EngineProcess, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """A cancel goes out after its queued request (in the same write): were it first, the child
+    would ignore it, then run the request to the end in a slot nobody waits on."""
+    assert child._conn is not None
+    conn = child._conn
+    messages: list[tuple[object, ...]] = []
+    send_bytes = conn.send_bytes
+
+    def recording(data: bytes) -> None:
+        messages.extend(pickle.loads(data))
+        send_bytes(data)
+
+    conn.send_bytes = recording  # type: ignore[method-assign]
+    try:
+        long = SamplingParams(temperature=1.0, max_tokens=100, seed=1)
+        opened = [child._open(ids(tokenizer, PROMPTS[0]), long, streaming=False) for _ in range(8)]
+        assert len(child._outbox) == 8 and not messages  # queued until the end of this loop pass
+        for call_id, _ in opened:
+            child._close(call_id, cancel=True)  # a cancel sent before the pass ends
+        await asyncio.sleep(0.05)
+    finally:
+        conn.send_bytes = send_bytes  # type: ignore[method-assign]
+    kinds = [(m[0], m[1]) for m in messages]
+    gens = [call_id for kind, call_id in kinds if kind == "gen"]
+    cancels = [call_id for kind, call_id in kinds if kind == "cancel"]
+    assert len(gens) == 8 and sorted(cancels) == sorted(gens)
+    assert all(kinds.index(("gen", i)) < kinds.index(("cancel", i)) for i in gens)
+    assert not child._outbox
     done = await asyncio.wait_for(
         asyncio.gather(*(child.generate(ids(tokenizer, p), GREEDY) for p in PROMPTS * 3)), timeout=60
     )

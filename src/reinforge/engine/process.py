@@ -6,7 +6,8 @@ processes, that lock was the trainer's bottleneck (the process sat at one core w
 had room): the engine's Python ran at half speed in `Trainer.fit` against the same engine alone.
 In its own process the engine has its own lock and its own core.
 
-What crosses the pipe: requests (prompt ids, sampling), results (`EngineOutput`, stream deltas),
+What crosses the pipe: requests (prompt ids, sampling; those a loop pass makes travel together, as
+a step's released calls do), results (`EngineOutput`, stream deltas; batched the same way),
 and weight updates (a few bytes naming a buffer both processes map, `_SharedWeights`; a path to
 a safetensors file is passed as it is). Requests, results and the child's errors keep their types.
 If the child dies, every pending and later call fails with `EngineError`; if the parent dies,
@@ -78,6 +79,7 @@ class EngineProcess:
         self._process: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._send_lock = threading.Lock()
+        self._outbox: list[tuple[Any, ...]] = []  # requests waiting for the end of their loop pass
         self._start_lock = threading.Lock()
         self._calls: dict[int, _Call] = {}
         self._calls_lock = threading.Lock()
@@ -265,11 +267,31 @@ class EngineProcess:
     ) -> tuple[int, _Call]:
         call_id, call = self._register()
         try:
-            self._send(("gen", call_id, list(prompt_ids), sampling or SamplingParams(), streaming))
+            self._post(("gen", call_id, list(prompt_ids), sampling or SamplingParams(), streaming))
         except BaseException:
             self._close(call_id, cancel=False)
             raise
         return call_id, call
+
+    def _post(self, message: tuple[Any, ...]) -> None:
+        """Queue a request; the requests a loop pass makes go to the child as one message (the
+        step's released calls arrive together: one pickle, one write, one wake-up of the child's
+        loop instead of one each). Any later `_send` flushes the queue first, so order is kept."""
+        if self._conn is None:
+            raise EngineStoppedError("the engine process is not running")
+        with self._send_lock:
+            self._outbox.append(message)
+            first = len(self._outbox) == 1
+        if first:
+            asyncio.get_running_loop().call_soon(self._flush_requests)
+
+    def _flush_requests(self) -> None:
+        try:
+            self._send(None)
+        except EngineError as exc:
+            # The reader fails every call when it sees the child gone; this covers a write that
+            # failed first, so no caller waits on a request the child never got.
+            self._fail_all(exc if self._failure is None else self._failure)
 
     def _close(self, call_id: int, *, cancel: bool) -> None:
         with self._calls_lock:
@@ -278,14 +300,18 @@ class EngineProcess:
             with contextlib.suppress(OSError, ValueError, EngineError):
                 self._send(("cancel", call_id))
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: tuple[Any, ...] | None) -> None:
+        """Send `message` (None: only what `_post` queued) after the queued requests, in one write."""
         conn = self._conn
         if conn is None:
             raise EngineStoppedError("the engine process is not running")
-        data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
         try:
             with self._send_lock:
-                conn.send_bytes(data)
+                batch = [*self._outbox, *([message] if message is not None else [])]
+                self._outbox.clear()
+                if not batch:
+                    return
+                conn.send_bytes(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
         except (OSError, ValueError) as exc:
             raise self._failure or EngineError(f"the engine process is gone: {exc}") from exc
 
@@ -367,12 +393,21 @@ class _ChildLoop:
     def _read(self, loop: asyncio.AbstractEventLoop) -> None:
         try:
             while True:
-                message = pickle.loads(self.conn.recv_bytes())
-                loop.call_soon_threadsafe(self._handle, message)
-                if message[0] == "stop":
+                batch: list[tuple[Any, ...]] = pickle.loads(self.conn.recv_bytes())
+                loop.call_soon_threadsafe(self._handle_all, batch)
+                if any(message[0] == "stop" for message in batch):
                     return
         except (EOFError, OSError):  # the parent is gone
             loop.call_soon_threadsafe(self.done.set)
+        except BaseException:
+            # A message this child can't read (say, from a parent of another version): exit, so
+            # the parent sees the pipe close and fails its calls, instead of both waiting forever.
+            logger.exception("the engine process could not read a message from its parent")
+            loop.call_soon_threadsafe(self.done.set)
+
+    def _handle_all(self, batch: list[tuple[Any, ...]]) -> None:
+        for message in batch:
+            self._handle(message)
 
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
