@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -164,3 +166,110 @@ async def test_each_call_times_out_at_its_own_deadline() -> None:
     listener.close()
     await listener.wait_closed()
     await asyncio.sleep(0.05)
+
+
+class _EchoServer:
+    """Answers each POST with its own body, on a loop in its own thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.connections = 0
+        ready = threading.Event()
+        self.thread = threading.Thread(target=self._serve, args=(ready,), daemon=True)
+        self.thread.start()
+        assert ready.wait(10)
+
+    def _serve(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.listener = self.loop.run_until_complete(asyncio.start_server(self._handle, "127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.sockets[0].getsockname()[1]}"
+        ready.set()
+        self.loop.run_forever()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                body = await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+                await asyncio.sleep(0.001 * (body[-1] % 3))  # replies overtake each other
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    def stop(self) -> None:
+        async def shutdown() -> None:
+            self.listener.close()
+            handlers = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in handlers:
+                task.cancel()
+            await asyncio.gather(*handlers, return_exceptions=True)
+
+        asyncio.run_coroutine_threadsafe(shutdown(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+        self.loop.close()
+
+
+def test_one_client_serves_loops_in_two_threads_at_once() -> None:
+    """Each loop gets its own pool: every call gets its own reply back, whichever loop made it."""
+    server = _EchoServer()
+    client = KeepAliveClient(server.url)
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(2)
+
+    async def calls(tag: str) -> list[bytes]:
+        barrier.wait(10)  # both loops are calling at the same time
+        bodies = [f"{tag}-{n}".encode() for n in range(60)]
+        replies = await asyncio.gather(*(client.post("/", b, timeout=10) for b in bodies))
+        assert replies == [(200, b) for b in bodies]
+        return bodies
+
+    def thread(tag: str) -> None:
+        try:
+            asyncio.run(calls(tag))
+        except BaseException as exc:
+            errors.append(exc)
+
+    try:
+        threads = [threading.Thread(target=thread, args=(t,)) for t in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+        assert len(client._pools) == 2
+        # Both loops are closed now: the next loop's first call drops their pools.
+        assert asyncio.run(client.post("/", b"c", timeout=10)) == (200, b"c")
+        assert len(client._pools) == 1
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_close_reaches_a_pool_whose_loop_runs_in_another_thread() -> None:
+    server = _EchoServer()
+    client = KeepAliveClient(server.url)
+    other = asyncio.new_event_loop()
+    worker = threading.Thread(target=other.run_forever, daemon=True)
+    worker.start()
+    try:
+        done = asyncio.run_coroutine_threadsafe(client.post("/", b"x", timeout=10), other)
+        assert done.result(10) == (200, b"x")
+        pool = client._pools[other]
+        assert len(pool.idle) == 1
+        conn = pool.idle[0]
+        client.close()  # from this thread, while `other` runs: scheduled on `other`
+        deadline = time.monotonic() + 10
+        while not conn.closed:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert client._pools == {} and pool.idle == []
+    finally:
+        other.call_soon_threadsafe(other.stop)
+        worker.join(10)
+        other.close()
+        server.stop()

@@ -10,6 +10,8 @@ still go through httpx, where that cost is small next to the generation itself.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from collections.abc import Mapping
 from typing import cast
 from urllib.parse import urlsplit
@@ -76,9 +78,37 @@ class _Connection(asyncio.Protocol):
         return not self.closed and self.keep_alive
 
 
+class _LoopPool:
+    """One event loop's share of a client: its idle connections and its exchanges' deadlines."""
+
+    __slots__ = ("alarm", "alarm_at", "deadlines", "idle", "loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.idle: list[_Connection] = []
+        self.deadlines: dict[asyncio.Future[tuple[int, bytes]], float] = {}
+        """Each exchange in flight, by its deadline."""
+        self.alarm: asyncio.TimerHandle | None = None
+        self.alarm_at = 0.0
+
+    def close(self) -> None:
+        """On `loop`'s thread: close the idle connections and the timer."""
+        idle, self.idle = self.idle, []
+        for conn in idle:
+            conn.close()
+        if self.alarm is not None:
+            self.alarm.cancel()
+            self.alarm = None
+
+
 class KeepAliveClient:
-    """POSTs to one `http://host:port` origin over a pool of keep-alive connections (one event loop
-    at a time)."""
+    """POSTs to one `http://host:port` origin over pools of keep-alive connections.
+
+    Connections and timers belong to the event loop that made them, so each loop that calls `post`
+    gets its own pool: one client may serve a gateway's loop and a trainer's loop at once (two
+    threads), which a single shared pool could not (a connection read by two loops mixes their
+    replies).
+    """
 
     def __init__(self, base_url: str, headers: dict[str, str] | None = None, max_idle: int = 256) -> None:
         parts = urlsplit(base_url)
@@ -89,14 +119,25 @@ class KeepAliveClient:
         self._prefix = parts.path.rstrip("/")
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
         self._head = f"Host: {parts.netloc}\r\nContent-Type: application/json\r\n{extra}"
-        self._idle: list[_Connection] = []
         self._max_idle = max_idle
-        self._loop: asyncio.AbstractEventLoop | None = None
-        """The loop the idle connections belong to."""
-        self._deadlines: dict[asyncio.Future[tuple[int, bytes]], float] = {}
-        """Each exchange in flight, by its deadline."""
-        self._alarm: asyncio.TimerHandle | None = None
-        self._alarm_at = 0.0
+        self._pools: dict[asyncio.AbstractEventLoop, _LoopPool] = {}
+        self._last: _LoopPool | None = None
+        """The pool of the loop that called last: one identity check per call on the usual path."""
+        self._pools_lock = threading.Lock()
+
+    def _pool(self, loop: asyncio.AbstractEventLoop) -> _LoopPool:
+        last = self._last
+        if last is not None and last.loop is loop:
+            return last
+        with self._pools_lock:
+            pool = self._pools.get(loop)
+            if pool is None:
+                # A closed loop's pool can serve nobody (its connections died with it): drop it.
+                for gone in [other for other in self._pools if other.is_closed()]:
+                    del self._pools[gone]
+                pool = self._pools[loop] = _LoopPool(loop)
+        self._last = pool
+        return pool
 
     async def post(
         self, path: str, body: bytes, timeout: float, headers: Mapping[str, str] | None = None
@@ -107,17 +148,14 @@ class KeepAliveClient:
         head = f"POST {self._prefix}{path} HTTP/1.1\r\n{self._head}{extra}Content-Length: {len(body)}\r\n\r\n"
         request = head.encode() + body
         loop = asyncio.get_running_loop()  # once per call: on Python 3.11 each is a getpid() syscall
-        if loop is not self._loop:
-            # Another loop's connections and timer (that loop likely closed) can't serve this one.
-            self._idle, self._deadlines, self._alarm = [], {}, None
-            self._loop = loop
+        pool = self._pool(loop)
         deadline = loop.time() + timeout
-        while self._idle:
-            conn = self._idle.pop()
+        while pool.idle:
+            conn = pool.idle.pop()
             if conn.closed:
                 continue
             try:
-                return await self._exchange(loop, conn, request, deadline)
+                return await self._exchange(pool, conn, request, deadline)
             except HTTPConnectionError:
                 # The server closed an idle connection before reading our request: it saw
                 # nothing, so a fresh connection may safely carry it.
@@ -125,17 +163,17 @@ class KeepAliveClient:
                     raise
         async with asyncio.timeout_at(deadline):
             _, conn = await loop.create_connection(_Connection, self._host, self._port)
-        return await self._exchange(loop, conn, request, deadline)
+        return await self._exchange(pool, conn, request, deadline)
 
     async def _exchange(
-        self, loop: asyncio.AbstractEventLoop, conn: _Connection, request: bytes, deadline: float
+        self, pool: _LoopPool, conn: _Connection, request: bytes, deadline: float
     ) -> tuple[int, bytes]:
         assert conn.transport is not None
-        waiter = conn.waiter = loop.create_future()
+        waiter = conn.waiter = pool.loop.create_future()
         conn.got_bytes = False
-        self._deadlines[waiter] = deadline
-        if self._alarm is None or deadline < self._alarm_at:
-            self._arm(loop, deadline)
+        pool.deadlines[waiter] = deadline
+        if pool.alarm is None or deadline < pool.alarm_at:
+            self._arm(pool, deadline)
         try:
             conn.transport.write(request)
             result = await waiter
@@ -143,40 +181,50 @@ class KeepAliveClient:
             conn.close()
             raise
         finally:
-            del self._deadlines[waiter]
+            del pool.deadlines[waiter]
             conn.waiter = None
-        if conn.reusable and len(self._idle) < self._max_idle:
-            self._idle.append(conn)
+        if conn.reusable and len(pool.idle) < self._max_idle:
+            pool.idle.append(conn)
         else:
             conn.close()
         return result
 
-    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
-        """One timer for every exchange in flight, set for the earliest deadline.
+    def _arm(self, pool: _LoopPool, when: float) -> None:
+        """One timer per loop for every exchange in flight there, set for the earliest deadline.
 
         Why not a timer per exchange (or `asyncio.timeout`): creating and cancelling one costs more
         per call than the rest of the client's own work. Calls share a timeout, so deadlines come in
         order and the timer rarely moves; when it fires it fails the overdue exchanges and is set
         again for the next deadline.
         """
-        if self._alarm is not None:
-            self._alarm.cancel()
-        self._alarm, self._alarm_at = loop.call_at(when, self._expire, loop), when
+        if pool.alarm is not None:
+            pool.alarm.cancel()
+        pool.alarm, pool.alarm_at = pool.loop.call_at(when, self._expire, pool), when
 
-    def _expire(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._alarm = None
-        now = loop.time() + _TIMER_SLACK_S
-        for waiter, deadline in list(self._deadlines.items()):
+    def _expire(self, pool: _LoopPool) -> None:
+        pool.alarm = None
+        now = pool.loop.time() + _TIMER_SLACK_S
+        for waiter, deadline in list(pool.deadlines.items()):
             if deadline <= now:
                 if not waiter.done():
                     waiter.set_exception(TimeoutError("the upstream did not answer in time"))
-            elif self._alarm is None or deadline < self._alarm_at:
-                self._arm(loop, deadline)
+            elif pool.alarm is None or deadline < pool.alarm_at:
+                self._arm(pool, deadline)
 
     def close(self) -> None:
-        for conn in self._idle:
-            conn.close()
-        self._idle.clear()
-        if self._alarm is not None:
-            self._alarm.cancel()
-            self._alarm = None
+        """Close every pool's idle connections: this loop's now, a running other loop's on that loop
+        (its transports are not to be touched from here); a closed loop's are gone already."""
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        with self._pools_lock:
+            pools = list(self._pools.values())
+            self._pools.clear()
+        self._last = None
+        for pool in pools:
+            if pool.loop is current or not (pool.loop.is_running() or pool.loop.is_closed()):
+                pool.close()
+            elif not pool.loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # it closed meanwhile
+                    pool.loop.call_soon_threadsafe(pool.close)

@@ -87,8 +87,9 @@ class UpstreamBackend:
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
         self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
-        self._fast: dict[asyncio.AbstractEventLoop, KeepAliveClient] = {}
         self._plain_http = self.base_url.startswith("http://")
+        # One client for every loop: it keeps a connection pool per event loop itself.
+        self._fast = KeepAliveClient(self.base_url, self._headers) if self._plain_http else None
 
     def _client(self) -> httpx.AsyncClient:
         # httpx pools belong to one event loop; the gateway may be served from another thread.
@@ -101,18 +102,10 @@ class UpstreamBackend:
             self._clients[loop] = client
         return client
 
-    def _fast_client(self) -> KeepAliveClient:
-        loop = asyncio.get_running_loop()
-        client = self._fast.get(loop)
-        if client is None:
-            client = self._fast[loop] = KeepAliveClient(self.base_url, self._headers)
-        return client
-
     async def aclose(self) -> None:
         loop = asyncio.get_running_loop()
-        fast = self._fast.pop(loop, None)
-        if fast is not None:
-            fast.close()
+        if self._fast is not None:
+            self._fast.close()
         client = self._clients.pop(loop, None)
         if client is not None:
             await client.aclose()
@@ -143,8 +136,9 @@ class UpstreamBackend:
             raise UpstreamError(f"upstream {self.base_url}{path} answered with non-JSON") from None
 
     async def _post_fast(self, path: str, payload: dict[str, Any]) -> Any:
+        assert self._fast is not None  # only plain-http upstreams take this path
         try:
-            status, raw = await self._fast_client().post(path, formats.dumps(payload), self._timeout_s)
+            status, raw = await self._fast.post(path, formats.dumps(payload), self._timeout_s)
         except (OSError, TimeoutError) as exc:  # HTTPConnectionError is an OSError
             kind = "timed out" if isinstance(exc, TimeoutError) else f"failed: {type(exc).__name__}: {exc}"
             raise UpstreamError(f"upstream {self.base_url}{path} {kind}") from None
