@@ -64,7 +64,6 @@ class MetricsCpuSampler:
         self._metrics = metrics
         self._every_s = every_s
         self._me = psutil.Process()
-        self._children: dict[int, psutil.Process] = {}
         self._last_read: dict[int, float] = {}  # a child that exits keeps its last reading
         self._offset = 0
         self._steps = 0
@@ -93,9 +92,8 @@ class MetricsCpuSampler:
 
     def _children_cpu(self) -> float:
         for child in self._me.children(recursive=True):
-            known = self._children.setdefault(child.pid, child)
             try:
-                self._last_read[child.pid] = _cpu(known)
+                self._last_read[child.pid] = _cpu(child)
             except psutil.NoSuchProcess:
                 continue
         return sum(self._last_read.values())

@@ -471,17 +471,19 @@ def report(
     return rate
 
 
-def print_cpu(cpu: StepCpu | None, children: str = "child processes") -> None:
-    if cpu is not None:
-        print(cpu.line(children))
-
-
-def cpu_ceiling(cpu: StepCpu | None) -> float | None:
-    """The most steps/s this side's CPU per step allows with every core busy (no scheduling does
-    better: what waits on nothing still needs its CPU)."""
-    if cpu is None or cpu.per_step <= 0:
+def print_cpu(
+    cpu: StepCpu | None, children: str = "child processes", *, with_ceiling: bool = False
+) -> float | None:
+    """Print a side's CPU per step and, `with_ceiling`, the most steps/s that CPU allows with every
+    core busy (no scheduling does better: what waits on nothing still needs its CPU); returns it."""
+    if cpu is None:
         return None
-    return (os.cpu_count() or 1) / cpu.per_step
+    print(cpu.line(children))
+    if not with_ceiling or cpu.per_step <= 0:
+        return None
+    ceiling = (os.cpu_count() or 1) / cpu.per_step
+    print(f"  at that CPU per step, {os.cpu_count()} busy cores allow at most {ceiling:.3f} steps/s")
+    return ceiling
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -589,10 +591,7 @@ def main() -> None:
 
     ours_rate = report_side("reinforge Trainer.fit (store + gateway + engine + runner)", ours, ours_load)
     print(f"  of which rollouts {ours['rollout_s']:.1f} s, policy updates {ours['update_s']:.1f} s")
-    print_cpu(ours["cpu"], children)
-    ceiling = cpu_ceiling(ours["cpu"])
-    if ceiling is not None:
-        print(f"  at that CPU per step, {os.cpu_count()} busy cores allow at most {ceiling:.3f} steps/s")
+    ceiling = print_cpu(ours["cpu"], children, with_ceiling=True)
     question, recorded = ours["recorded_prompt"]
     same = bool(recorded) and recorded == list(
         tokenizer(prompt_text(tokenizer, question), add_special_tokens=False)["input_ids"]
@@ -602,12 +601,7 @@ def main() -> None:
     if sdk is not None:
         sdk_rate = report_side("reinforge Trainer.fit, the agent on the OpenAI SDK", sdk, sdk_load)
         print(f"  of which rollouts {sdk['rollout_s']:.1f} s, policy updates {sdk['update_s']:.1f} s")
-        print_cpu(sdk["cpu"], children)
-        sdk_ceiling = cpu_ceiling(sdk["cpu"])
-        if sdk_ceiling is not None:
-            print(
-                f"  at that CPU per step, {os.cpu_count()} busy cores allow at most {sdk_ceiling:.3f} steps/s"
-            )
+        sdk_ceiling = print_cpu(sdk["cpu"], children, with_ceiling=True)
     overlap_rate = None
     if overlap is not None:
         overlap_rate = report_side("reinforge Trainer.fit, overlap_rollouts=True", overlap, overlap_load)

@@ -288,10 +288,10 @@ class EngineProcess:
     def _flush_requests(self) -> None:
         try:
             self._send(None)
-        except EngineError as exc:
+        except EngineError as exc:  # `_send` raises the recorded failure when there is one
             # The reader fails every call when it sees the child gone; this covers a write that
             # failed first, so no caller waits on a request the child never got.
-            self._fail_all(exc if self._failure is None else self._failure)
+            self._fail_all(exc)
 
     def _close(self, call_id: int, *, cancel: bool) -> None:
         with self._calls_lock:
