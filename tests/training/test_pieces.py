@@ -110,6 +110,22 @@ def test_metrics_log_truncates_on_resume_and_plots(tmp_path: Path) -> None:
     log.close()
     png = plot_reward_curve(log.records(), tmp_path / "curve.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert any(p.name.startswith("events.out.tfevents") for p in (tmp_path / "tensorboard").iterdir())
     with pytest.raises(InvalidRequestError):
         plot_reward_curve([{"step": 0, "val/success": 0.1}], tmp_path / "none.png")
+
+
+def test_metrics_log_writes_every_numeric_value_to_tensorboard(tmp_path: Path) -> None:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = MetricsLog(tmp_path)
+    for step in range(1, 4):
+        log.log(step, {"train/reward": step / 10, "tokens": 100 * step, "flag": True, "note": "x"})
+    log.log(4, {"train/reward": float("nan"), "val/success": 0.75})
+    log.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    assert sorted(events.Tags()["scalars"]) == ["tokens", "train/reward", "val/success"]
+    reward = [(e.step, round(e.value, 6)) for e in events.Scalars("train/reward")]
+    assert reward == [(1, 0.1), (2, 0.2), (3, 0.3)]  # the NaN of step 4 is left out
+    assert [(e.step, e.value) for e in events.Scalars("tokens")] == [(1, 100.0), (2, 200.0), (3, 300.0)]
+    assert [(e.step, e.value) for e in events.Scalars("val/success")] == [(4, 0.75)]

@@ -37,10 +37,25 @@ class MetricsLog:
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
         if self._writer is not None:
-            for key, value in values.items():
-                if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value):
-                    self._writer.add_scalar(key, value, step)
-            self._writer.flush()
+            self._write_scalars(step, values)
+
+    def _write_scalars(self, step: int, values: Mapping[str, Any]) -> None:
+        """One TensorBoard event holding all of a step's scalars.
+
+        `SummaryWriter.add_scalar` makes one event per scalar, and each goes through the writer
+        thread's small bounded queue: ~50 scalars a step cost ~3 ms of waiting on that queue, on the
+        trainer's critical path. TensorBoard reads a multi-value summary the same way.
+        """
+        from tensorboard.compat.proto.summary_pb2 import Summary
+
+        scalars = [
+            Summary.Value(tag=key, simple_value=float(value))
+            for key, value in values.items()
+            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        ]
+        if scalars:
+            self._writer.file_writer.add_summary(Summary(value=scalars), step)
+        self._writer.flush()
 
     def records(self) -> list[dict[str, Any]]:
         if not self.path.is_file():
