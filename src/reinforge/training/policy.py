@@ -113,9 +113,8 @@ class Policy:
         params = [p for p in self.model.parameters() if p.requires_grad]
         if self.value_head is not None:
             params += list(self.value_head.parameters())
-        self._fused = _fused_adamw_supported(params)
         self.optimizer = torch.optim.AdamW(
-            params, lr=learning_rate, weight_decay=weight_decay, fused=self._fused or None
+            params, lr=learning_rate, weight_decay=weight_decay, fused=_fused_adamw_supported(params) or None
         )
 
     # ---- weights for the engine and for checkpoints ---------------------------------------------
@@ -138,7 +137,7 @@ class Policy:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         for group in self.optimizer.param_groups:  # loading restores the saving optimiser's flag
-            group["fused"] = self._fused or None
+            group["fused"] = self.optimizer.defaults["fused"]
         if self.value_head is not None:
             if state.get("value_head") is None:
                 raise InvalidRequestError("the checkpoint has no value head, but the algorithm is PPO")
