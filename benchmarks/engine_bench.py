@@ -32,7 +32,7 @@ import torch
 import transformers
 
 from reinforge.engine import Engine
-from reinforge.gateway.backend import SamplingParams
+from reinforge.inference.contract import SamplingParams
 from reinforge.models import build_tokenizer, tiny_llama
 
 WORDS = ["the", "agent", "calls", "a", "tool", "to", "add", "numbers", "then", "answers", "with", "the"]

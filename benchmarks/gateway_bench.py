@@ -42,11 +42,11 @@ from baselines import event_loop
 from baselines.procstat import cpu_seconds
 
 from reinforge import semconv
+from reinforge.access import attempt_token
 from reinforge.gateway.app import create_gateway_app
-from reinforge.gateway.auth import attempt_token
-from reinforge.gateway.upstream import UpstreamBackend
-from reinforge.store.base import Store
+from reinforge.inference.upstream import UpstreamBackend
 from reinforge.store.factory import open_store
+from reinforge.store.protocol import Store
 from reinforge.types import RolloutSpec, SpanQuery
 
 MESSAGES = [{"role": "user", "content": "What is 2 + 2? Answer with the number."}]

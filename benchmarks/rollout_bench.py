@@ -48,12 +48,12 @@ from baselines.procstat import cpu_seconds
 
 from reinforge import semconv
 from reinforge.gateway.app import create_gateway_app
-from reinforge.gateway.upstream import UpstreamBackend
+from reinforge.inference.upstream import UpstreamBackend
 from reinforge.runner import CommandAgent, Runner
 from reinforge.runner.llm import LLM
-from reinforge.store.client import HttpStoreClient
 from reinforge.store.factory import open_store
-from reinforge.store.server import create_store_app
+from reinforge.store.http.client import HttpStoreClient
+from reinforge.store.http.server import create_store_app
 from reinforge.types import RolloutQuery, RolloutSpec, RolloutStatus, SpanQuery
 
 GATEWAY_MOUNT = "/gateway"

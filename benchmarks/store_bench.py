@@ -38,7 +38,7 @@ from baselines.payload import SPAN_BYTES, llm_call, padded
 from baselines.procstat import cpu_seconds
 
 from reinforge import semconv
-from reinforge.store.client import HttpStoreClient
+from reinforge.store.http.client import HttpStoreClient
 from reinforge.types import AttemptOutcome, AttemptStatus, RolloutSpec, Span, SpanKind
 
 LLM_CALLS_PER_ROLLOUT = 6

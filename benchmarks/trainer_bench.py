@@ -82,9 +82,9 @@ from reinforge.demo.calculator import CALCULATOR_TOOL  # noqa: E402
 from reinforge.demo.run import DemoSettings  # noqa: E402
 from reinforge.demo.tasks import generate_tasks  # noqa: E402
 from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build_warm_start, load_warm_start  # noqa: E402
-from reinforge.engine.backend import TURN_MARKERS  # noqa: E402
 from reinforge.engine.engine import Engine  # noqa: E402
-from reinforge.gateway.backend import SamplingParams  # noqa: E402
+from reinforge.engine.engine_backend import TURN_MARKERS  # noqa: E402
+from reinforge.inference.contract import SamplingParams  # noqa: E402
 from reinforge.runner import LLM, agent, gateway_http_client  # noqa: E402
 from reinforge.store.factory import open_store  # noqa: E402
 from reinforge.training import Policy, Trainer, TrainerConfig  # noqa: E402

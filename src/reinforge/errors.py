@@ -48,3 +48,9 @@ class StoreUnavailableError(ReinforgeError):
     """The store could not be reached (network down, server gone); the call may be retried."""
 
     http_status = 503
+
+
+class UpstreamError(ReinforgeError):
+    """The upstream server failed or answered in a shape we can't read token ids from."""
+
+    http_status = 502

@@ -6,6 +6,8 @@ back; they meet only here.
 
 from __future__ import annotations
 
+import hashlib
+
 # Span names
 SPAN_LLM_CALL = "reinforge.llm_call"
 """One LLM call recorded by the gateway."""
@@ -55,3 +57,11 @@ ATTR_AIR_SIGNAL = "reinforge.air.signal"
 AIR_TOOL_ERROR = "tool_error"
 AIR_MALFORMED_TOOL_CALL = "malformed_tool_call"
 AIR_TIMEOUT = "timeout"
+
+
+def trace_id_for(attempt_id: str) -> str:
+    """One trace per attempt; attempt ids from `new_id()` already have a trace id's shape."""
+    lowered = attempt_id.lower()
+    if len(lowered) == 32 and all(c in "0123456789abcdef" for c in lowered):
+        return lowered
+    return hashlib.blake2b(attempt_id.encode(), digest_size=16).hexdigest()

@@ -11,7 +11,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from reinforge.engine import Engine
-from reinforge.gateway.backend import SamplingParams
+from reinforge.inference.contract import SamplingParams
 
 from .conftest import hf_greedy, prompts
 

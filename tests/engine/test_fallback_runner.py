@@ -15,7 +15,7 @@ from transformers import (
 )
 
 from reinforge.engine import Engine
-from reinforge.gateway.backend import SamplingParams
+from reinforge.inference.contract import SamplingParams
 
 from .conftest import diversify, hf_greedy, prompts
 

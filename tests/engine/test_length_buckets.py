@@ -11,8 +11,8 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from reinforge.engine import Engine
-from reinforge.engine.runner import SlotCacheRunner
-from reinforge.gateway.backend import SamplingParams
+from reinforge.engine.model_runner import SlotCacheRunner
+from reinforge.inference.contract import SamplingParams
 
 from .conftest import hf_greedy
 

@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from reinforge.engine import Engine, EngineDelta, EngineOutput
-from reinforge.gateway.backend import SamplingParams
+from reinforge.inference.contract import SamplingParams
 
 from .conftest import hf_greedy, prompts
 
@@ -106,7 +106,7 @@ def test_cpu_moving_many_slots_reads_every_source_before_writing(
 ) -> None:
     """Repacking slots after several sequences end moves caches along a chain (4 -> 3, then the
     sequence now at 3 -> 1); done in one copy, each destination gets its source's original cache."""
-    from reinforge.engine.runner import SlotCacheRunner
+    from reinforge.engine.model_runner import SlotCacheRunner
 
     runner = SlotCacheRunner(llama, max_slots=8, max_seq_len=64)
     runner.prefill(0, [[5 + i] * 6 for i in range(5)])
@@ -122,8 +122,8 @@ def test_cpu_moving_many_slots_reads_every_source_before_writing(
 def test_cpu_padded_prefill_attention_equals_one_call_per_prompt(llama: torch.nn.Module) -> None:
     """Prompts of different lengths, some behind a cached prefix: one padded attention call gives the
     logits a call per prompt gives."""
-    from reinforge.engine import runner as runner_module
-    from reinforge.engine.runner import SlotCacheRunner
+    from reinforge.engine import model_runner as runner_module
+    from reinforge.engine.model_runner import SlotCacheRunner
 
     prompts_ = [[3, 4, 5, 6, 7, 8, 9], [3, 4, 5, 6, 11], [3, 4, 5, 6, 12, 13, 14, 15, 16], [20, 21]]
     results = []

@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerFast
 
 from reinforge.engine import Engine, EngineDelta, EngineError, EngineOutput, EngineProcess, EngineStoppedError
 from reinforge.errors import InvalidRequestError
-from reinforge.gateway.backend import SamplingParams
+from reinforge.inference.contract import SamplingParams
 
 PROMPTS = ["What is 3 plus 4?", "What is 12 plus 1? It is", "What is 7 plus 20"]
 GREEDY = SamplingParams(temperature=0.0, max_tokens=12)

@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerFast
 
 from reinforge.engine import Engine, EngineDelta, EngineError, EngineOutput, EngineStoppedError
 from reinforge.errors import InvalidRequestError
-from reinforge.gateway.backend import SamplingParams
+from reinforge.inference.contract import SamplingParams
 
 from .conftest import prompts
 

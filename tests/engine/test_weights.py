@@ -13,7 +13,7 @@ from transformers import PreTrainedTokenizerFast
 
 from reinforge.engine import Engine
 from reinforge.errors import InvalidRequestError
-from reinforge.gateway.backend import SamplingParams
+from reinforge.inference.contract import SamplingParams
 
 from .conftest import diversify, hf_greedy, prompts
 

@@ -16,13 +16,13 @@ from reinforge.demo.calculator import CALCULATOR_TOOL
 from reinforge.demo.tasks import generate_tasks, make_task
 from reinforge.demo.traces import corpus_text, synthetic_traces
 from reinforge.gateway.app import create_gateway_app
-from reinforge.gateway.backend import GenerationRequest
-from reinforge.gateway.scripted import ScriptedBackend, ScriptedReply, ScriptedToolCall
+from reinforge.inference.contract import GenerationRequest
+from reinforge.inference.scripted import ScriptedBackend, ScriptedReply, ScriptedToolCall
 from reinforge.models import build_tokenizer
+from reinforge.net.background import BackgroundServer
 from reinforge.runner import Runner
-from reinforge.serving import BackgroundServer
+from reinforge.store.http.server import create_store_app
 from reinforge.store.memory import MemoryStore
-from reinforge.store.server import create_store_app
 from reinforge.types import RolloutSpec, RolloutStatus, SpanQuery, SpanStatusCode
 
 torch.set_num_threads(1)

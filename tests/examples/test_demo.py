@@ -27,8 +27,8 @@ from reinforge.demo.warm_start import (
 )
 from reinforge.engine import Engine
 from reinforge.errors import InvalidRequestError
-from reinforge.gateway.backend import SamplingParams
-from reinforge.gateway.tool_calls import parse_tool_calls
+from reinforge.inference.contract import SamplingParams
+from reinforge.inference.tool_calls import parse_tool_calls
 from reinforge.models import CHAT_TEMPLATE
 from reinforge.training.sft import SftConfig
 

@@ -10,9 +10,11 @@ import openai
 import pytest
 import torch
 
-from reinforge.gateway import ScriptedBackend, attempt_token, create_gateway_app
+from reinforge.access import attempt_token
+from reinforge.gateway import create_gateway_app
+from reinforge.inference import ScriptedBackend
 from reinforge.models import build_tokenizer
-from reinforge.serving import BackgroundServer
+from reinforge.net.background import BackgroundServer
 from reinforge.store.memory import MemoryStore
 from reinforge.types import AttemptOutcome, AttemptStatus, LeasedRollout, RolloutSpec
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from reinforge import semconv
-from reinforge.engine.backend import EngineBackend
 from reinforge.engine.engine import Engine
+from reinforge.engine.engine_backend import EngineBackend
 from reinforge.models import tiny_llama
 from reinforge.types import SpanQuery
 

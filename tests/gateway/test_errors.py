@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from reinforge.errors import InvalidRequestError
-from reinforge.gateway import ScriptedBackend
+from reinforge.inference import ScriptedBackend
 from reinforge.types import SpanQuery
 
 from .conftest import Served, finished_attempt, running_attempt, serve

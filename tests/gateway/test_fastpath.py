@@ -19,11 +19,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from reinforge.gateway import ScriptedBackend, attempt_token, create_gateway_app
+from reinforge.access import attempt_token
+from reinforge.gateway import create_gateway_app
 from reinforge.gateway.fastpath import GatewayHttpProtocol, find_route, hot_routes
-from reinforge.serving import BackgroundServer
+from reinforge.inference import ScriptedBackend
+from reinforge.net.background import BackgroundServer
+from reinforge.store.http.server import create_store_app
 from reinforge.store.memory import MemoryStore
-from reinforge.store.server import create_store_app
 from reinforge.types import SpanQuery
 
 from .conftest import SECRET, Served, running_attempt

@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 
 from reinforge import semconv
-from reinforge.gateway import finish_token
+from reinforge.access import finish_token
 from reinforge.types import AttemptOutcome, AttemptStatus, RolloutStatus, Span, SpanQuery
 
 from .conftest import SECRET, Served, running_attempt

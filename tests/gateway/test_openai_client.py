@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from reinforge import semconv
-from reinforge.gateway import ScriptedBackend, ScriptedReply, ScriptedToolCall
+from reinforge.inference import ScriptedBackend, ScriptedReply, ScriptedToolCall
 from reinforge.types import Span, SpanQuery
 
 from .conftest import Served, running_attempt, serve

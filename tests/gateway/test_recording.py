@@ -13,10 +13,11 @@ import pytest
 
 from reinforge import semconv
 from reinforge.errors import PayloadTooLargeError, StoreUnavailableError
-from reinforge.gateway import ScriptedBackend, SpanRecorder, create_gateway_app
-from reinforge.serving import BackgroundServer
+from reinforge.gateway import SpanRecorder, create_gateway_app
+from reinforge.inference import ScriptedBackend
+from reinforge.net.background import BackgroundServer
+from reinforge.store.http.server import create_store_app
 from reinforge.store.memory import MemoryStore
-from reinforge.store.server import create_store_app
 from reinforge.types import AttemptOutcome, AttemptStatus, Span, SpanQuery
 
 from .conftest import SECRET, Served, running_attempt, serve
@@ -260,7 +261,7 @@ async def test_mounted_beside_the_store_server(tokenizer: Any) -> None:
 async def test_the_gateway_beside_the_store_learns_of_attempts_leased_over_http(tokenizer: Any) -> None:
     """Runner processes lease from the store server: its lease route tells the gateway mounted beside
     it, so their calls need no store lookup."""
-    from reinforge.store.client import HttpStoreClient
+    from reinforge.store.http.client import HttpStoreClient
     from reinforge.types import RolloutSpec
 
     store = MemoryStore()

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 
 from reinforge._headers import bearer_token
-from reinforge.gateway import ScriptedBackend, attempt_token, parse_tool_calls
-from reinforge.gateway.attempts import trace_id_for
-from reinforge.gateway.auth import token_matches
-from reinforge.gateway.backend import GenerationRequest, SamplingParams
+from reinforge.access import attempt_token, token_matches
 from reinforge.gateway.errors import GatewayHTTPError
-from reinforge.gateway.protocol import ResponsesBody, parse_body, responses_request
+from reinforge.gateway.openai_bodies import ResponsesBody, parse_body, responses_request
+from reinforge.inference import ScriptedBackend, parse_tool_calls
+from reinforge.inference.contract import GenerationRequest, SamplingParams
+from reinforge.semconv import trace_id_for
 
 
 def test_parse_tool_calls() -> None:
@@ -99,7 +99,7 @@ def test_scripted_backend_truncates_and_stops(tokenizer: Any) -> None:
 
 
 def test_the_tiny_models_chat_template_uses_the_parsers_markers() -> None:
-    from reinforge.gateway import tool_calls
+    from reinforge.inference import tool_calls
     from reinforge.models import TOOL_CALL_END, TOOL_CALL_START
 
     assert (TOOL_CALL_START, TOOL_CALL_END) == (tool_calls.TOOL_CALL_START, tool_calls.TOOL_CALL_END)

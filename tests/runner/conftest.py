@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from reinforge.gateway.app import create_gateway_app
-from reinforge.gateway.scripted import ScriptedBackend
-from reinforge.serving import BackgroundServer
-from reinforge.store.client import HttpStoreClient
+from reinforge.inference.scripted import ScriptedBackend
+from reinforge.net.background import BackgroundServer
+from reinforge.store.http.client import HttpStoreClient
+from reinforge.store.http.server import create_store_app
 from reinforge.store.memory import MemoryStore
-from reinforge.store.server import create_store_app
 from reinforge.types import Rollout, RolloutSpec
 
 torch.set_num_threads(1)

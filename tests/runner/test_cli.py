@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 import reinforge
 from reinforge.runner import LLM, Runner
 from reinforge.runner.cli import runner_command
-from reinforge.store.client import HttpStoreClient
+from reinforge.store.http.client import HttpStoreClient
 from reinforge.types import AttemptQuery, AttemptStatus, RolloutStatus
 
 from .conftest import GATEWAY_SECRET, STORE_TOKEN, Stack, enqueue, until, wait_final

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from reinforge import semconv
+from reinforge.access import attempt_token
 from reinforge.errors import InvalidRequestError
-from reinforge.gateway.auth import attempt_token
-from reinforge.gateway.backend import GenerationRequest
+from reinforge.inference.contract import GenerationRequest
 from reinforge.runner import CommandAgent, Runner
 from reinforge.types import AttemptQuery, AttemptStatus, RolloutStatus, SpanQuery
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from reinforge.store import MemoryStore, SqlStore, Store, _rules
+from reinforge.store import MemoryStore, SqlStore, Store, rules
 
 PG_URL = "postgresql://root@127.0.0.1:5432/test"
 
@@ -26,7 +26,7 @@ safety re-check is pushed far past it below, so meeting it proves the wake-up wa
 
 @pytest.fixture(autouse=True)
 def _no_safety_recheck(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_rules, "RECHECK_SECONDS", 60.0)
+    monkeypatch.setattr(rules, "RECHECK_SECONDS", 60.0)
 
 
 def postgres_available() -> bool:
@@ -79,9 +79,9 @@ async def postgres_store(tmp_path: Path) -> AsyncIterator[Store]:
 @asynccontextmanager
 async def http_store(tmp_path: Path) -> AsyncIterator[Store]:
     """The real store server (uvicorn, 127.0.0.1) on SQLite, reached through HttpStoreClient."""
-    from reinforge.serving import BackgroundServer
-    from reinforge.store.client import HttpStoreClient
-    from reinforge.store.server import create_store_app
+    from reinforge.net.background import BackgroundServer
+    from reinforge.store.http.client import HttpStoreClient
+    from reinforge.store.http.server import create_store_app
 
     async def open_backend() -> Store:  # opened in the server thread's own event loop
         return await SqlStore.open(f"sqlite:///{tmp_path / 'store.db'}")

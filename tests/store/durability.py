@@ -16,7 +16,8 @@ CHILD = Path(__file__).with_name("_durability_child.py")
 
 def write_until_killed(url: str, schema: str | None, acks_wanted: int) -> int:
     """Run the child until it acknowledged `acks_wanted` batches, SIGKILL it; return the ack count."""
-    args = [sys.executable, str(CHILD), url] + ([schema] if schema else [])
+    # -P: the script's folder holds a test package named `http`, which must not shadow the stdlib's.
+    args = [sys.executable, "-P", str(CHILD), url] + ([schema] if schema else [])
     child = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
     assert child.stdout is not None
     acked = 0

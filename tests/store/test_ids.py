@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from reinforge.gateway.service import new_id as gateway_response_id
-from reinforge.store._span_records import parse_span_batch
-from reinforge.store.sql import SqlStore
+from reinforge.store.span_records import parse_span_batch
+from reinforge.store.sql.store import SqlStore
 from reinforge.types import RolloutSpec, Span, new_ordered_id, new_span_id
 
 

@@ -324,9 +324,9 @@ def test_fit_on_a_served_store(tokenizer: Any, tmp_path: Path, monkeypatch: pyte
     import asyncio
     import uuid
 
-    from reinforge.serving import BackgroundServer
+    from reinforge.net.background import BackgroundServer
     from reinforge.store import SqlStore
-    from reinforge.store.server import create_store_app
+    from reinforge.store.http.server import create_store_app
 
     served = tmp_path / "served"
     served.mkdir()

@@ -31,11 +31,11 @@ from transformers import PreTrainedTokenizerBase
 
 from reinforge.engine.detokenizer import IncrementalDetokenizer, find_stop
 from reinforge.engine.errors import EngineError, EngineStoppedError
-from reinforge.engine.runner import ModelRunner, SlotCacheRunner, make_runner
+from reinforge.engine.model_runner import ModelRunner, SlotCacheRunner, make_runner
 from reinforge.engine.sampling import RowParams, sample
 from reinforge.engine.weights import WeightsSource, apply_state_dict, check_state_dict, read_state_dict
 from reinforge.errors import InvalidRequestError
-from reinforge.gateway.backend import SamplingParams
+from reinforge.inference.contract import SamplingParams
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ from reinforge.engine.engine import Engine, EngineDelta, EngineOutput
 from reinforge.engine.errors import EngineError, EngineStoppedError
 from reinforge.engine.weights import WeightsSource
 from reinforge.errors import InvalidRequestError
-from reinforge.gateway.backend import SamplingParams
+from reinforge.inference.contract import SamplingParams
 
 logger = logging.getLogger(__name__)
 

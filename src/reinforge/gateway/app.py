@@ -17,11 +17,11 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from reinforge.gateway.backend import Backend
 from reinforge.gateway.endpoints import Endpoints, guarded
 from reinforge.gateway.errors import error_response
 from reinforge.gateway.service import DEFAULT_MAX_BODY_BYTES, Gateway
-from reinforge.store.base import Store
+from reinforge.inference.contract import Backend
+from reinforge.store.protocol import Store
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "Gateway", "create_gateway_app"]
 

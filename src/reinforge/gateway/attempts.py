@@ -9,14 +9,14 @@ requests for one attempt share a single lookup. Final states are cached for good
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from reinforge.errors import NotFoundError
 from reinforge.gateway.errors import GatewayHTTPError
-from reinforge.store.base import Store
+from reinforge.semconv import trace_id_for
+from reinforge.store.protocol import Store
 from reinforge.types import Attempt, AttemptStatus
 
 
@@ -36,14 +36,6 @@ class AttemptState:
         n = self.next_sequence
         self.next_sequence += 1
         return n
-
-
-def trace_id_for(attempt_id: str) -> str:
-    """One trace per attempt; attempt ids from `new_id()` already have a trace id's shape."""
-    lowered = attempt_id.lower()
-    if len(lowered) == 32 and all(c in "0123456789abcdef" for c in lowered):
-        return lowered
-    return hashlib.blake2b(attempt_id.encode(), digest_size=16).hexdigest()
 
 
 class AttemptGuard:

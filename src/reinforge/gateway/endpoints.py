@@ -14,15 +14,13 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from reinforge.errors import ReinforgeError
+from reinforge.finish_wire import FinishItem, FinishManyBody
 from reinforge.gateway import formats
 from reinforge.gateway.attempts import AttemptState
-from reinforge.gateway.backend import GenerationRequest, GenerationResult, TextDelta
 from reinforge.gateway.errors import error_body, error_object, error_response, response_for, status_and_error
-from reinforge.gateway.protocol import (
+from reinforge.gateway.openai_bodies import (
     ChatCompletionBody,
     CompletionBody,
-    FinishItem,
-    FinishManyBody,
     ResponsesBody,
     chat_request,
     check_span_owners,
@@ -33,6 +31,7 @@ from reinforge.gateway.protocol import (
     reward_body,
 )
 from reinforge.gateway.service import Gateway, new_id
+from reinforge.inference.contract import GenerationRequest, GenerationResult, TextDelta
 
 log = logging.getLogger(__name__)
 

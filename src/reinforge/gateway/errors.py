@@ -27,12 +27,6 @@ _TYPES = {
 }
 
 
-class UpstreamError(ReinforgeError):
-    """The upstream server failed or answered in a shape we can't read token ids from."""
-
-    http_status = 502
-
-
 class GatewayHTTPError(ReinforgeError):
     """An error with an explicit status, `param` and `code` for the OpenAI error body."""
 

@@ -6,13 +6,13 @@ OpenAI's API reference so the official SDKs parse them into their typed objects.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
+from reinforge.inference.contract import GenerationResult, ToolCall
+from reinforge.json_codec import dumps, loads
 
-from reinforge.gateway.backend import GenerationResult, ToolCall
+__all__ = ["dumps", "loads"]  # re-exported: the gateway's handlers write bodies through formats
 
 TokenTexts = Callable[[list[int]], list[str]]
 """Maps token ids to the text of each token, for the `token` fields of logprobs."""
@@ -21,31 +21,6 @@ TokenTexts = Callable[[list[int]], list[str]]
 def token_id_texts(ids: list[int]) -> list[str]:
     """vLLM's `return_tokens_as_token_ids` convention, used when a backend can't name its tokens."""
     return [f"token_id:{i}" for i in ids]
-
-
-_ENCODER = msgspec.json.Encoder()
-_DECODER = msgspec.json.Decoder()
-
-
-def dumps(data: Any) -> bytes:
-    """Compact UTF-8 JSON, by msgspec: several times faster than `json` for a response body.
-
-    Unlike `json`, a NaN or infinite float comes out as null (JSON has no literal for it; `json`'s
-    `NaN`/`-Infinity` break strict parsers such as JavaScript's `JSON.parse`).
-    """
-    try:
-        return _ENCODER.encode(data)
-    except (TypeError, OverflowError, ValueError):
-        return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def loads(raw: bytes) -> Any:
-    """JSON from bytes, by msgspec; what msgspec refuses (NaN literals, integers past 64 bits) goes
-    to `json`, so every document `json` reads is still read, and `json` words the errors."""
-    try:
-        return _DECODER.decode(raw)
-    except msgspec.DecodeError:
-        return json.loads(raw)
 
 
 def sse(data: Any) -> bytes:

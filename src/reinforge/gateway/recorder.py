@@ -19,7 +19,7 @@ import logging
 from collections import defaultdict
 
 from reinforge.errors import InvalidRequestError, PayloadTooLargeError
-from reinforge.store.base import Store
+from reinforge.store.protocol import Store
 from reinforge.types import Span
 
 log = logging.getLogger(__name__)

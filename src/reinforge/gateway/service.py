@@ -17,13 +17,14 @@ from starlette.requests import Request
 
 from reinforge import semconv
 from reinforge._headers import bearer_token
+from reinforge.access import attempt_token, finish_token, token_matches
+from reinforge.errors import UpstreamError
 from reinforge.gateway import formats
 from reinforge.gateway.attempts import AttemptGuard, AttemptState
-from reinforge.gateway.auth import attempt_token, finish_token, token_matches
-from reinforge.gateway.backend import Backend, GenerationRequest, GenerationResult, TextDelta
-from reinforge.gateway.errors import GatewayHTTPError, UpstreamError
+from reinforge.gateway.errors import GatewayHTTPError
 from reinforge.gateway.recorder import SpanRecorder
-from reinforge.store.base import Store
+from reinforge.inference.contract import Backend, GenerationRequest, GenerationResult, TextDelta
+from reinforge.store.protocol import Store
 from reinforge.types import (
     AttemptOutcome,
     AttemptStatus,
@@ -344,7 +345,7 @@ class Gateway:
             raise GatewayHTTPError(
                 401,
                 f"finishing attempt {attempt_id!r} needs the runner's finish token "
-                "(reinforge.gateway.auth.finish_token); the attempt's API key can't end it",
+                "(reinforge.access.finish_token); the attempt's API key can't end it",
                 code="invalid_api_key",
             )
 

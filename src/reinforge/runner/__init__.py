@@ -6,12 +6,12 @@ def solve(task: dict, llm: reinforge.LLM) -> float: ...
 await Runner(store, solve, gateway_url, gateway_secret, concurrency=8).run()
 """
 
+from reinforge.net.httpx_transport import GatewayTransport, gateway_http_client
 from reinforge.runner.agent import Agent, AgentFunction, FunctionAgent, agent, as_agent, load_agent
 from reinforge.runner.command import REWARD_LINE_PREFIX, AgentProcessError, CommandAgent, CommandResult
 from reinforge.runner.llm import LLM, attempt_url
 from reinforge.runner.resources import model_from_resources
 from reinforge.runner.runner import DEFAULT_MODEL, FlushError, Runner, RunnerStats
-from reinforge.runner.transport import GatewayTransport, gateway_http_client
 
 __all__ = [
     "DEFAULT_MODEL",

@@ -18,6 +18,7 @@ from urllib.parse import quote, urlsplit
 
 import httpx
 
+from reinforge.access import attempt_token, finish_token
 from reinforge.errors import (
     InvalidRequestError,
     NotFoundError,
@@ -25,9 +26,8 @@ from reinforge.errors import (
     StaleAttemptError,
     StoreUnavailableError,
 )
-from reinforge.gateway.auth import attempt_token, finish_token
-from reinforge.gateway.http11 import HTTPConnectionError, KeepAliveClient
-from reinforge.gateway.protocol import MAX_FINISH_BATCH
+from reinforge.finish_wire import MAX_FINISH_BATCH
+from reinforge.net.keepalive import HTTPConnectionError, KeepAliveClient
 from reinforge.types import AttemptOutcome, Span
 
 

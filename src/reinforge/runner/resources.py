@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reinforge.errors import NotFoundError
-from reinforge.store.base import Store
+from reinforge.store.protocol import Store
 from reinforge.types import ResourcesVersion, Rollout
 
 

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from reinforge.access import attempt_token
 from reinforge.errors import (
     InvalidRequestError,
     NotFoundError,
@@ -28,14 +29,13 @@ from reinforge.errors import (
     StaleAttemptError,
     StoreUnavailableError,
 )
-from reinforge.gateway.auth import attempt_token
 from reinforge.runner.agent import Agent, AgentFunction, RolloutResult, as_agent
 from reinforge.runner.command import AgentProcessError, CommandAgent
 from reinforge.runner.gateway_client import GatewayClient
 from reinforge.runner.llm import LLM
 from reinforge.runner.resources import ResourcesCache, model_from_resources
 from reinforge.semconv import AIR_TIMEOUT, ATTR_AIR_SIGNAL, ATTR_STEP_KIND
-from reinforge.store.base import Store
+from reinforge.store.protocol import Store
 from reinforge.tracing import (
     AttemptContext,
     AttemptSpanBuffer,
@@ -91,7 +91,7 @@ class _AttemptState:
 class Runner:
     """Runs `agent` on rollouts leased from `store`; its LLM calls go to the gateway at `gateway_url`.
 
-    `gateway_secret` signs each attempt's token (see `reinforge.gateway.auth.attempt_token`); the agent
+    `gateway_secret` signs each attempt's token (see `reinforge.access.attempt_token`); the agent
     only ever sees its own attempt's token. `timeout_s` bounds one attempt when the agent sets none.
     `on_lease` sees each leased batch before its agents start (a co-located gateway primes its cache).
     """

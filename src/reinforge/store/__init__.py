@@ -4,9 +4,9 @@
 `postgresql://...`, or `http(s)://...` (a store server, through HttpStoreClient).
 """
 
-from reinforge.store.base import Store
 from reinforge.store.factory import open_store
 from reinforge.store.memory import MemoryStore
-from reinforge.store.sql import SqlStore
+from reinforge.store.protocol import Store
+from reinforge.store.sql.store import SqlStore
 
 __all__ = ["MemoryStore", "SqlStore", "Store", "open_store"]

@@ -24,9 +24,9 @@ from sqlalchemy.exc import ArgumentError
 
 from reinforge._event_loop import run_on_fast_loop
 from reinforge.errors import ReinforgeError
-from reinforge.store.auth import TOKEN_ENV, load_or_create_token, resolve_client_token, token_path
-from reinforge.store.base import Store
-from reinforge.store.server import DEFAULT_MAX_BODY_BYTES, create_store_app
+from reinforge.store.http.auth import TOKEN_ENV, load_or_create_token, resolve_client_token, token_path
+from reinforge.store.http.server import DEFAULT_MAX_BODY_BYTES, create_store_app
+from reinforge.store.protocol import Store
 from reinforge.types import AttemptStatus, RolloutStatus, StoreCounters
 
 URL_FILE_NAME = "store.url"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from reinforge.errors import InvalidRequestError
-from reinforge.store.base import Store
 from reinforge.store.memory import MemoryStore
+from reinforge.store.protocol import Store
 
 STORE_URL_FORMS = (
     "memory://",
@@ -21,11 +21,11 @@ async def open_store(url: str, token: str | None = None) -> Store:
     if scheme == "memory":
         return MemoryStore()
     if scheme.startswith(("sqlite", "postgres")):
-        from reinforge.store.sql import SqlStore
+        from reinforge.store.sql.store import SqlStore
 
         return await SqlStore.open(url)
     if scheme in ("http", "https"):
-        from reinforge.store.client import HttpStoreClient
+        from reinforge.store.http.client import HttpStoreClient
 
         return HttpStoreClient(url, token)
     raise InvalidRequestError(f"unknown store URL {url!r}; use one of: {'; '.join(STORE_URL_FORMS)}")

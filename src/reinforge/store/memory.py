@@ -23,8 +23,8 @@ from reinforge.errors import (
     StaleAttemptError,
     StoreUnavailableError,
 )
-from reinforge.store import _rules
-from reinforge.store._notify import Signal
+from reinforge.store import rules
+from reinforge.store.notify import Signal
 from reinforge.types import (
     Attempt,
     AttemptOutcome,
@@ -84,7 +84,7 @@ class MemoryStore:
 
     async def enqueue_rollouts(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
         for spec in specs:
-            _rules.check_spec(spec)
+            rules.check_spec(spec)
         frozen = [_frozen(s) for s in specs]
         out: list[Rollout] = []
         added = False
@@ -124,7 +124,7 @@ class MemoryStore:
         wait_seconds: float = 0.0,
         mode: RolloutMode | None = None,
     ) -> list[LeasedRollout]:
-        mode = _rules.check_lease_args(runner_id, max_rollouts, lease_seconds, wait_seconds, mode)
+        mode = rules.check_lease_args(runner_id, max_rollouts, lease_seconds, wait_seconds, mode)
         deadline = time.monotonic() + wait_seconds
         with self._queued.watch() as watch:
             while True:
@@ -201,10 +201,10 @@ class MemoryStore:
             attempt = self._attempts[aid]
             attempt.status = AttemptStatus.timeout
             attempt.finished_at = now
-            attempt.error = _rules.expiry_error(attempt.attempt_no, attempt.runner_id)
+            attempt.error = rules.expiry_error(attempt.attempt_no, attempt.runner_id)
             rollout = self._rollouts[attempt.rollout_id]
             self._current.pop(rollout.rollout_id, None)
-            status = _rules.after_expiry(rollout.attempt_count, rollout.max_attempts)
+            status = rules.after_expiry(rollout.attempt_count, rollout.max_attempts)
             self._move(rollout, status, now, error=attempt.error)
             requeued |= status is RolloutStatus.queued
             finalised |= status is RolloutStatus.failed
@@ -223,7 +223,7 @@ class MemoryStore:
             rollout.finished_at = now
 
     async def heartbeat(self, attempt_id: str, lease_seconds: float = 60.0) -> Attempt:
-        _rules.check_lease_seconds(lease_seconds)
+        rules.check_lease_seconds(lease_seconds)
         with self._lock:
             self._check_open()
             now = time.time()
@@ -237,7 +237,7 @@ class MemoryStore:
             return _copy(attempt)
 
     async def finish_attempt(self, attempt_id: str, outcome: AttemptOutcome) -> Rollout:
-        outcome = _rules.check_outcome(outcome)
+        outcome = rules.check_outcome(outcome)
         with self._lock:
             self._check_open()
             now = time.time()
@@ -251,7 +251,7 @@ class MemoryStore:
             attempt.error = outcome.error
             rollout = self._rollouts[attempt.rollout_id]
             self._current.pop(rollout.rollout_id, None)
-            status = _rules.after_finish(outcome, rollout.attempt_count, rollout.max_attempts)
+            status = rules.after_finish(outcome, rollout.attempt_count, rollout.max_attempts)
             self._move(rollout, status, now, error=outcome.error)
             if status.is_final:
                 rollout.reward = outcome.reward
@@ -263,7 +263,7 @@ class MemoryStore:
         return result
 
     async def cancel_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
-        ids = _rules.check_ids(rollout_ids, "rollout_ids")
+        ids = rules.check_ids(rollout_ids, "rollout_ids")
         with self._lock:
             self._check_open()
             now = time.time()
@@ -287,7 +287,7 @@ class MemoryStore:
 
     async def add_spans(self, spans: Sequence[Span]) -> int:
         for s in spans:
-            _rules.check_span(s)
+            rules.check_span(s)
         frozen = [_frozen(s) for s in spans]
         added = 0
         with self._lock:
@@ -382,8 +382,8 @@ class MemoryStore:
             return _page(matches, query.offset, query.limit)
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
-        ids = _rules.check_ids(rollout_ids, "rollout_ids")
-        _rules.check_wait_seconds(timeout_seconds, "timeout_seconds")
+        ids = rules.check_ids(rollout_ids, "rollout_ids")
+        rules.check_wait_seconds(timeout_seconds, "timeout_seconds")
         deadline = time.monotonic() + timeout_seconds
         with self._finalised.watch() as watch:
             while True:
@@ -402,7 +402,7 @@ class MemoryStore:
     async def put_resources(
         self, resources: dict[str, object], version: int | None = None
     ) -> ResourcesVersion:
-        _rules.check_version(version, "version")
+        rules.check_version(version, "version")
         try:
             content: dict[str, Any] = ResourcesVersion.model_validate_json(
                 to_json({"version": 0, "resources": resources})
@@ -426,7 +426,7 @@ class MemoryStore:
             return _copy(stored)
 
     async def get_resources(self, version: int | None = None) -> ResourcesVersion:
-        _rules.check_version(version, "version")
+        rules.check_version(version, "version")
         with self._lock:
             self._check_open()
             if version is None:
@@ -489,4 +489,4 @@ def _stale_message(attempt: Attempt) -> str:
 
 
 def _page(matches: list[M], offset: int, limit: int) -> Page[M]:
-    return _rules.make_page([_copy(m) for m in matches[offset : offset + limit]], len(matches), offset)
+    return rules.make_page([_copy(m) for m in matches[offset : offset + limit]], len(matches), offset)

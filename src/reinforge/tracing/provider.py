@@ -15,7 +15,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
-from reinforge.gateway.attempts import trace_id_for
+from reinforge.semconv import trace_id_for
 from reinforge.tracing.context import current_attempt
 from reinforge.tracing.processor import AttemptSpanProcessor
 from reinforge.types import new_span_id

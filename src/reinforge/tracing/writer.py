@@ -15,7 +15,7 @@ import logging
 import threading
 
 from reinforge.errors import InvalidRequestError
-from reinforge.store.base import Store
+from reinforge.store.protocol import Store
 from reinforge.types import Span
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reinforge.credit import CreditConfig, CreditMetrics, build_transitions
-from reinforge.store.base import Store
+from reinforge.store.protocol import Store
 from reinforge.types import (
     MAX_PAGE_SIZE,
     Attempt,

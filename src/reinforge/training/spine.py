@@ -20,15 +20,15 @@ from typing import TypeVar
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from reinforge.engine.backend import EngineBackend
 from reinforge.engine.engine import Engine
+from reinforge.engine.engine_backend import EngineBackend
 from reinforge.engine.process import EngineProcess
 from reinforge.gateway.app import Gateway, create_gateway_app
+from reinforge.net.background import BackgroundServer
 from reinforge.runner import Agent, AgentFunction, CommandAgent, Runner
-from reinforge.serving import BackgroundServer
-from reinforge.store.auth import load_or_create_token
-from reinforge.store.base import Store
-from reinforge.store.server import create_store_app
+from reinforge.store.http.auth import load_or_create_token
+from reinforge.store.http.server import create_store_app
+from reinforge.store.protocol import Store
 from reinforge.training.runner_processes import RunnerProcesses, RunnerProcessSettings, agent_reference
 from reinforge.types import LeasedRollout
 

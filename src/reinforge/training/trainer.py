@@ -27,8 +27,8 @@ from reinforge.algorithms import GRPO, PPO, Algorithm, compute_advantages
 from reinforge.credit import CreditConfig
 from reinforge.errors import InvalidRequestError
 from reinforge.runner import Agent, AgentFunction, CommandAgent
-from reinforge.store.base import Store
 from reinforge.store.factory import open_store
+from reinforge.store.protocol import Store
 from reinforge.training.checkpoint import CheckpointMeta, latest_checkpoint, load_checkpoint, save_checkpoint
 from reinforge.training.checkpoint import set_rng_state as restore_rng
 from reinforge.training.config import TrainerConfig

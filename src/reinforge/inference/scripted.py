@@ -1,0 +1,198 @@
+"""A backend that answers with scripted replies, encoded by a real tokenizer.
+
+Why: gateway, runner and credit tests need real token ids and logprobs (the exact ids a chat
+template and a BPE produce) without running a model. The ids are what the tokenizer gives for the
+reply, rendered the way the tiny models write it (text, then `<tool_call>{...}</tool_call>` per call,
+then EOS); the logprobs are deterministic per reply so tests can assert on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import secrets
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from reinforge.errors import InvalidRequestError
+from reinforge.inference.contract import (
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    TextDelta,
+    ToolCall,
+)
+
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+
+
+class ScriptedToolCall(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+
+
+class ScriptedReply(BaseModel):
+    """One reply: text and/or tool calls. `malformed` writes an unparsable tool call instead."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str = ""
+    tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
+    malformed: bool = False
+
+
+Reply = str | ScriptedReply | dict[str, Any]
+
+
+class _Tokenizer(Protocol):
+    def encode(self, text: str, add_special_tokens: bool = ...) -> Any: ...
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = ...) -> str: ...
+
+
+class ScriptedBackend:
+    """Replies in order (cycling), or from `replies(request)` when given a function.
+
+    `tokenizer` is a `transformers` tokenizer (its chat template renders chat prompts) or a raw
+    `tokenizers.Tokenizer` (chat prompts are rendered as `<|role|>content</s>`). Set `policy_version`
+    to simulate a weight update; `delay_s` holds each generation that long (for pause/drain tests).
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        replies: Sequence[Reply] | Callable[[GenerationRequest], Reply],
+        *,
+        model_name: str = "reinforge-scripted",
+        policy_version: int = 0,
+        delay_s: float = 0.0,
+    ) -> None:
+        if not callable(replies) and not replies:
+            raise InvalidRequestError("ScriptedBackend needs at least one reply")
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.policy_version = policy_version
+        self.delay_s = delay_s
+        self._replies = replies
+        self._next = 0
+        self._hf = hasattr(tokenizer, "apply_chat_template")
+        eos = getattr(tokenizer, "eos_token_id", None)
+        self._eos: int | None = eos if isinstance(eos, int) else None
+        self.requests: list[GenerationRequest] = []
+        """Every request received, in order (tests assert on what the gateway passed through)."""
+
+    # -- tokenizer adapters -----------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        encoded = self.tokenizer.encode(text, add_special_tokens=False)
+        return list(encoded.ids) if hasattr(encoded, "ids") else list(encoded)
+
+    def decode(self, ids: list[int]) -> str:
+        return str(self.tokenizer.decode(ids, skip_special_tokens=False))
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """The text of each token, for the `token` fields of OpenAI logprobs."""
+        return [self.decode([i]) for i in ids]
+
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        if request.prompt is not None:
+            return list(request.prompt) if isinstance(request.prompt, list) else self.encode(request.prompt)
+        messages = request.messages or []
+        if self._hf and getattr(self.tokenizer, "chat_template", None):
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=request.tools, add_generation_prompt=True, tokenize=False
+            )
+        else:
+            text = "".join(f"<|{m['role']}|>{m.get('content') or ''}</s>" for m in messages) + "<|assistant|>"
+        return self.encode(str(text))
+
+    # -- generation -------------------------------------------------------------------------------
+
+    def _reply(self, request: GenerationRequest) -> ScriptedReply:
+        if callable(self._replies):
+            raw = self._replies(request)
+        else:
+            raw = self._replies[self._next % len(self._replies)]
+            self._next += 1
+        if isinstance(raw, ScriptedReply):
+            return raw
+        if isinstance(raw, str):
+            return ScriptedReply(text=raw)
+        return ScriptedReply.model_validate(raw)
+
+    def _build(self, request: GenerationRequest) -> tuple[GenerationResult, list[int]]:
+        """The result, and the ids of its plain-text part (what a stream shows as deltas)."""
+        self.requests.append(request)
+        reply = self._reply(request)
+        prompt_ids = self.prompt_ids(request)
+        text = reply.text
+        stop_hit = False
+        for stop in request.sampling.stop:
+            at = text.find(stop)
+            if at >= 0:
+                text, stop_hit = text[:at], True
+        calls = [] if stop_hit else reply.tool_calls
+        markup = ""
+        tool_calls: list[ToolCall] = []
+        for call in calls:
+            arguments = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+            payload = f'{{"name": {json.dumps(call.name)}, "arguments": {arguments}}}'
+            markup += TOOL_CALL_START + payload + TOOL_CALL_END
+            tool_calls.append(
+                ToolCall(id="call_" + secrets.token_hex(8), name=call.name, arguments=arguments)
+            )
+        malformed = reply.malformed and not stop_hit
+        if malformed:
+            markup += f'{TOOL_CALL_START}{{"name": "broken", "arguments": {{{TOOL_CALL_END}'
+        text_ids = self.encode(text) if text else []
+        ids = text_ids + (self.encode(markup) if markup else [])
+        finish: FinishReason = "tool_calls" if tool_calls else "stop"
+        if self._eos is not None and not stop_hit:
+            ids.append(self._eos)
+        limit = request.sampling.max_tokens
+        if limit is not None and len(ids) > limit:
+            ids, text_ids = ids[:limit], text_ids[:limit]
+            text, tool_calls, malformed, finish = self.decode(ids), [], False, "length"
+        elif malformed:
+            text += self.decode(self.encode(markup))
+        rng = random.Random(hash((tuple(prompt_ids), tuple(ids))))
+        logprobs = [round(-rng.uniform(0.001, 2.0), 6) for _ in ids]
+        result = GenerationResult(
+            text=text,
+            prompt_token_ids=prompt_ids,
+            completion_token_ids=ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            tool_calls=tool_calls,
+            malformed_tool_call=malformed,
+            policy_version=self.policy_version,
+        )
+        return result, text_ids
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        return self._build(request)[0]
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[TextDelta | GenerationResult]:
+        result, text_ids = self._build(request)
+        sent = ""
+        for n in range(1, len(text_ids) + 1):
+            if self.delay_s:
+                await asyncio.sleep(self.delay_s / max(len(text_ids), 1))
+            so_far = self.decode(text_ids[:n])
+            # A multi-byte character split across tokens decodes to U+FFFD until complete; wait for it.
+            if so_far.endswith("\ufffd") or not so_far.startswith(sent):
+                continue
+            if len(so_far) > len(sent):
+                yield TextDelta(text=so_far[len(sent) :])
+                sent = so_far
+        if self.delay_s and not text_ids:
+            await asyncio.sleep(self.delay_s)
+        yield result

@@ -1,0 +1,444 @@
+"""A backend that forwards to an upstream inference server and reads back its exact token ids.
+
+vLLM (flavor "vllm", >= 0.10.2): the OpenAI routes with `return_token_ids` (the response carries
+`prompt_token_ids` and each choice's `token_ids`), `logprobs` and `return_tokens_as_token_ids` (each
+logprob's `token` is `"token_id:<id>"`, the fallback when `token_ids` is absent). Older vLLM patched
+the way agent-lightning does it (top-level `prompt_token_ids` and `response_token_ids`) works too.
+vLLM's `prompt_logprobs` can't stand in: it drops the first prompt token's id.
+
+SGLang (flavor "sglang"): the native `/generate` route with `return_logprob` (its
+`meta_info.output_token_logprobs` holds `[logprob, token_id, text]` per token). Its OpenAI routes
+don't return token ids, so chat prompts are rendered with the model's chat template here (pass
+`tokenizer`) and sent as `input_ids`: the ids recorded are exactly the ids the server consumed.
+Tool calls are parsed from the Hermes/Qwen markup in the text.
+
+Token ids are only ever read from the server's answer (or are the ids we sent); if the server does
+not return them the call fails with UpstreamError rather than re-tokenising text.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import httpx
+
+from reinforge import json_codec
+from reinforge.errors import InvalidRequestError, UpstreamError
+from reinforge.inference.contract import (
+    FinishReason,
+    GenerationRequest,
+    GenerationResult,
+    TextDelta,
+    ToolCall,
+)
+from reinforge.inference.tool_calls import TOOL_CALL_START, parse_tool_calls
+from reinforge.net.keepalive import KeepAliveClient
+
+Flavor = Literal["vllm", "sglang"]
+_TOKEN_ID_PREFIX = "token_id:"
+
+
+def _finish(reason: Any) -> FinishReason:
+    if isinstance(reason, dict):  # SGLang: {"type": "stop", "matched": ...}
+        reason = reason.get("type")
+    if reason in ("stop", "length", "tool_calls"):
+        return reason
+    if reason == "abort":
+        raise UpstreamError("the upstream server aborted the generation")
+    return "stop"
+
+
+def _ids_from_logprob_tokens(tokens: list[str]) -> list[int]:
+    ids = []
+    for token in tokens:
+        if not token.startswith(_TOKEN_ID_PREFIX):
+            raise UpstreamError(
+                "the upstream returned logprob tokens as text, not token ids; vLLM needs "
+                "return_tokens_as_token_ids (sent by reinforge) or return_token_ids (vLLM >= 0.10.2)"
+            )
+        ids.append(int(token[len(_TOKEN_ID_PREFIX) :]))
+    return ids
+
+
+class UpstreamBackend:
+    """Forward generations to vLLM or SGLang at `base_url` (the server root, e.g. http://h:8000)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        flavor: Flavor = "vllm",
+        tokenizer: Any = None,
+        timeout_s: float = 600.0,
+        policy_version: int = 0,
+        max_connections: int = 1024,
+    ) -> None:
+        if flavor not in ("vllm", "sglang"):
+            raise ValueError(f"flavor must be 'vllm' or 'sglang', not {flavor!r}")
+        root = base_url.rstrip("/")
+        self.base_url = root[: -len("/v1")] if root.endswith("/v1") else root
+        self.model_name = model
+        self.flavor: Flavor = flavor
+        self.tokenizer = tokenizer
+        self.policy_version = policy_version
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout_s = timeout_s
+        self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
+        self._limits = httpx.Limits(
+            max_connections=max_connections, max_keepalive_connections=max_connections
+        )
+        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+        self._plain_http = self.base_url.startswith("http://")
+        # One client for every loop: it keeps a connection pool per event loop itself.
+        self._fast = KeepAliveClient(self.base_url, self._headers) if self._plain_http else None
+
+    def _client(self) -> httpx.AsyncClient:
+        # httpx pools belong to one event loop; the gateway may be served from another thread.
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            client = httpx.AsyncClient(
+                base_url=self.base_url, headers=self._headers, timeout=self._timeout, limits=self._limits
+            )
+            self._clients[loop] = client
+        return client
+
+    async def aclose(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._fast is not None:
+            self._fast.close()
+        client = self._clients.pop(loop, None)
+        if client is not None:
+            await client.aclose()
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        if self.tokenizer is not None:
+            return [str(self.tokenizer.decode([i], skip_special_tokens=False)) for i in ids]
+        return [_TOKEN_ID_PREFIX + str(i) for i in ids]
+
+    # -- HTTP --------------------------------------------------------------------------------------
+
+    async def _post(self, path: str, payload: dict[str, Any]) -> Any:
+        if self._plain_http:
+            return await self._post_fast(path, payload)
+        try:
+            response = await self._client().post(
+                path, content=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
+            )
+        except httpx.HTTPError as exc:
+            raise UpstreamError(
+                f"upstream {self.base_url}{path} failed: {type(exc).__name__}: {exc}"
+            ) from None
+        if response.status_code >= 400:
+            self._raise_for(response.status_code, response.text, path)
+        try:
+            return response.json()
+        except ValueError:
+            raise UpstreamError(f"upstream {self.base_url}{path} answered with non-JSON") from None
+
+    async def _post_fast(self, path: str, payload: dict[str, Any]) -> Any:
+        assert self._fast is not None  # only plain-http upstreams take this path
+        try:
+            status, raw = await self._fast.post(path, json_codec.dumps(payload), self._timeout_s)
+        except (OSError, TimeoutError) as exc:  # HTTPConnectionError is an OSError
+            kind = "timed out" if isinstance(exc, TimeoutError) else f"failed: {type(exc).__name__}: {exc}"
+            raise UpstreamError(f"upstream {self.base_url}{path} {kind}") from None
+        if status >= 400:
+            self._raise_for(status, raw.decode(errors="replace"), path)
+        try:
+            return json_codec.loads(raw)
+        except ValueError:
+            raise UpstreamError(f"upstream {self.base_url}{path} answered with non-JSON") from None
+
+    def _raise_for(self, status: int, text: str, path: str) -> None:
+        message = text[:2000]
+        try:
+            data = json.loads(text)
+            error = data.get("error", data) if isinstance(data, dict) else data
+            if isinstance(error, dict):
+                message = str(error.get("message") or error.get("detail") or error)
+        except ValueError:
+            pass
+        if 400 <= status < 500 and status not in (401, 403, 404):
+            # The request itself was refused (too long a prompt, a bad value): the agent's error.
+            raise InvalidRequestError(f"the upstream server rejected the request: {message}")
+        raise UpstreamError(f"upstream {self.base_url}{path} answered {status}: {message}")
+
+    async def _stream_lines(self, path: str, payload: dict[str, Any]) -> AsyncIterator[str]:
+        try:
+            async with self._client().stream("POST", path, json=payload) as response:
+                if response.status_code >= 400:
+                    self._raise_for(
+                        response.status_code, (await response.aread()).decode(errors="replace"), path
+                    )
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        data = line[5:].strip()
+                        if data == "[DONE]":
+                            return
+                        yield data
+        except httpx.HTTPError as exc:
+            raise UpstreamError(
+                f"upstream {self.base_url}{path} failed: {type(exc).__name__}: {exc}"
+            ) from None
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def _vllm_sampling(self, request: GenerationRequest) -> dict[str, Any]:
+        s = request.sampling
+        out: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p}
+        if s.top_k:
+            out["top_k"] = s.top_k
+        if s.max_tokens is not None:
+            out["max_tokens"] = s.max_tokens
+        if s.stop:
+            out["stop"] = s.stop
+        if s.stop_token_ids:
+            out["stop_token_ids"] = s.stop_token_ids
+        if s.seed is not None:
+            out["seed"] = s.seed
+        return out
+
+    def _vllm_payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
+        payload: dict[str, Any] = {
+            "model": self.model_name,
+            **self._vllm_sampling(request),
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+        }
+        if request.messages is not None:
+            payload["messages"] = request.messages
+            payload["logprobs"] = True
+            if request.tools:
+                payload["tools"] = request.tools
+            if request.tool_choice is not None:
+                payload["tool_choice"] = request.tool_choice
+            return "/v1/chat/completions", payload
+        payload["prompt"] = request.prompt
+        payload["logprobs"] = 0
+        return "/v1/completions", payload
+
+    def _sglang_payload(self, request: GenerationRequest) -> dict[str, Any]:
+        s = request.sampling
+        params: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or -1}
+        if s.max_tokens is not None:
+            params["max_new_tokens"] = s.max_tokens
+        if s.stop:
+            params["stop"] = s.stop
+        if s.stop_token_ids:
+            params["stop_token_ids"] = s.stop_token_ids
+        if s.seed is not None:
+            params["sampling_seed"] = s.seed
+        payload: dict[str, Any] = {"sampling_params": params, "return_logprob": True}
+        if request.messages is not None:
+            if self.tokenizer is None or not hasattr(self.tokenizer, "apply_chat_template"):
+                raise UpstreamError(
+                    "chat through SGLang needs UpstreamBackend(tokenizer=...) with the model's chat template:"
+                    " SGLang's OpenAI routes do not return token ids"
+                )
+            text = self.tokenizer.apply_chat_template(
+                request.messages, tools=request.tools, add_generation_prompt=True, tokenize=False
+            )
+            payload["input_ids"] = list(self.tokenizer.encode(str(text), add_special_tokens=False))
+        elif isinstance(request.prompt, list):
+            payload["input_ids"] = request.prompt
+        else:
+            # Let the server tokenise, and read the ids it used back from the input logprobs.
+            payload["text"] = request.prompt
+            payload["logprob_start_len"] = 0
+        return payload
+
+    # -- responses ---------------------------------------------------------------------------------
+
+    def _vllm_result(self, body: dict[str, Any], request: GenerationRequest) -> GenerationResult:
+        try:
+            choice = body["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise UpstreamError("the upstream response has no choices") from None
+        chat = request.messages is not None
+        logprobs_block = choice.get("logprobs") or {}
+        if chat:
+            entries = logprobs_block.get("content") or []
+            logprobs = [float(e["logprob"]) for e in entries]
+            tokens = [e["token"] for e in entries]
+            message = choice.get("message") or {}
+            text = message.get("content") or ""
+            tool_calls = [
+                ToolCall(
+                    id=c.get("id") or "",
+                    name=c["function"]["name"],
+                    arguments=c["function"].get("arguments", ""),
+                )
+                for c in message.get("tool_calls") or []
+            ]
+        else:
+            logprobs = [float(x) for x in logprobs_block.get("token_logprobs") or []]
+            tokens = list(logprobs_block.get("tokens") or [])
+            text = choice.get("text") or ""
+            tool_calls = []
+        completion_ids = choice.get("token_ids")
+        if completion_ids is None:
+            patched = body.get("response_token_ids")  # agent-lightning's vLLM patch
+            if patched and isinstance(patched[0], list):
+                patched = patched[0]
+            completion_ids = patched if patched is not None else _ids_from_logprob_tokens(tokens)
+        prompt_ids = body.get("prompt_token_ids") or choice.get("prompt_token_ids")
+        if prompt_ids is None and isinstance(request.prompt, list):
+            prompt_ids = request.prompt
+        if prompt_ids is None:
+            raise UpstreamError(
+                "the upstream response has no prompt token ids; vLLM >= 0.10.2 returns them for "
+                "return_token_ids=true"
+            )
+        if len(logprobs) != len(completion_ids):
+            raise UpstreamError(
+                f"the upstream returned {len(completion_ids)} token ids but {len(logprobs)} logprobs"
+            )
+        return GenerationResult(
+            text=text,
+            prompt_token_ids=list(prompt_ids),
+            completion_token_ids=list(completion_ids),
+            logprobs=logprobs,
+            finish_reason=_finish(choice.get("finish_reason")),
+            tool_calls=tool_calls,
+            malformed_tool_call=bool(request.tools) and not tool_calls and TOOL_CALL_START in text,
+            policy_version=self.policy_version,
+        )
+
+    def _sglang_result(
+        self, body: Any, payload: dict[str, Any], request: GenerationRequest
+    ) -> GenerationResult:
+        if isinstance(body, list):
+            body = body[0] if body else {}
+        meta = body.get("meta_info") if isinstance(body, dict) else None
+        if not isinstance(meta, dict) or "output_token_logprobs" not in meta:
+            raise UpstreamError(
+                "the SGLang response has no meta_info.output_token_logprobs (send return_logprob)"
+            )
+        entries = meta["output_token_logprobs"]
+        completion_ids = [int(e[1]) for e in entries]
+        logprobs = [float(e[0]) for e in entries]
+        if "input_ids" in payload:
+            prompt_ids = list(payload["input_ids"])
+        else:
+            prompt_ids = [int(e[1]) for e in meta.get("input_token_logprobs") or []]
+            if not prompt_ids:
+                raise UpstreamError(
+                    "the SGLang response has no input_token_logprobs (send logprob_start_len=0)"
+                )
+        text = body.get("text") or ""
+        tool_calls: list[ToolCall] = []
+        malformed = False
+        finish = _finish(meta.get("finish_reason"))
+        if request.tools:
+            parsed = parse_tool_calls(text)
+            text, tool_calls, malformed = parsed.text, parsed.tool_calls, parsed.malformed
+            if tool_calls and finish == "stop":
+                finish = "tool_calls"
+        version = meta.get("weight_version")
+        try:
+            policy_version = int(version) if version is not None else self.policy_version
+        except (TypeError, ValueError):
+            policy_version = self.policy_version
+        return GenerationResult(
+            text=text,
+            prompt_token_ids=prompt_ids,
+            completion_token_ids=completion_ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            tool_calls=tool_calls,
+            malformed_tool_call=malformed,
+            policy_version=policy_version,
+        )
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        if self.flavor == "sglang":
+            payload = self._sglang_payload(request)
+            return self._sglang_result(await self._post("/generate", payload), payload, request)
+        path, payload = self._vllm_payload(request)
+        return self._vllm_result(await self._post(path, payload), request)
+
+    async def stream(self, request: GenerationRequest) -> AsyncIterator[TextDelta | GenerationResult]:
+        if self.flavor == "sglang":
+            # SGLang's native stream repeats cumulative state; one round-trip gives the same ids.
+            result = await self.generate(request)
+            if result.text:
+                yield TextDelta(text=result.text)
+            yield result
+            return
+        path, payload = self._vllm_payload(request)
+        payload["stream"] = True
+        chat = request.messages is not None
+        prompt_ids: list[int] | None = None
+        completion_ids: list[int] = []
+        tokens: list[str] = []
+        logprobs: list[float] = []
+        texts: list[str] = []
+        calls: dict[int, dict[str, str]] = {}
+        finish: Any = None
+        have_ids = False
+        async for data in self._stream_lines(path, payload):
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise UpstreamError(f"the upstream stream failed: {chunk['error']}")
+            if chunk.get("prompt_token_ids") is not None:
+                prompt_ids = chunk["prompt_token_ids"]
+            for choice in chunk.get("choices") or []:
+                if choice.get("prompt_token_ids") is not None:
+                    prompt_ids = choice["prompt_token_ids"]
+                if choice.get("token_ids") is not None:
+                    have_ids = True
+                    completion_ids.extend(choice["token_ids"])
+                block = choice.get("logprobs") or {}
+                if chat:
+                    for entry in block.get("content") or []:
+                        tokens.append(entry["token"])
+                        logprobs.append(float(entry["logprob"]))
+                    delta = choice.get("delta") or {}
+                    piece = delta.get("content")
+                    for call in delta.get("tool_calls") or []:
+                        slot = calls.setdefault(
+                            int(call.get("index", 0)), {"id": "", "name": "", "arguments": ""}
+                        )
+                        slot["id"] = call.get("id") or slot["id"]
+                        fn = call.get("function") or {}
+                        slot["name"] += fn.get("name") or ""
+                        slot["arguments"] += fn.get("arguments") or ""
+                else:
+                    tokens.extend(block.get("tokens") or [])
+                    logprobs.extend(float(x) for x in block.get("token_logprobs") or [])
+                    piece = choice.get("text")
+                if piece:
+                    texts.append(piece)
+                    yield TextDelta(text=piece)
+                if choice.get("finish_reason") is not None:
+                    finish = choice["finish_reason"]
+        if prompt_ids is None and isinstance(request.prompt, list):
+            prompt_ids = request.prompt
+        if prompt_ids is None:
+            raise UpstreamError("the upstream stream carried no prompt_token_ids (vLLM >= 0.10.2 needed)")
+        if not have_ids:
+            completion_ids = _ids_from_logprob_tokens(tokens)
+        if len(completion_ids) != len(logprobs):
+            raise UpstreamError(
+                f"the upstream streamed {len(completion_ids)} token ids but {len(logprobs)} logprobs"
+            )
+        tool_calls = [
+            ToolCall(id=c["id"], name=c["name"], arguments=c["arguments"]) for _, c in sorted(calls.items())
+        ]
+        text = "".join(texts)
+        yield GenerationResult(
+            text=text,
+            prompt_token_ids=list(prompt_ids),
+            completion_token_ids=completion_ids,
+            logprobs=logprobs,
+            finish_reason=_finish(finish),
+            tool_calls=tool_calls,
+            malformed_tool_call=bool(request.tools) and not tool_calls and TOOL_CALL_START in text,
+            policy_version=self.policy_version,
+        )

@@ -1,0 +1,417 @@
+"""`HttpStoreClient`: the `Store` protocol over HTTP, so user code can't tell local from remote.
+
+The server's error envelope is turned back into the same `reinforge.errors` class a local store
+raises; network failures become `StoreUnavailableError`. One pooled keep-alive `httpx.AsyncClient`
+serves every call. Waits longer than the server allows per call are split into several calls, each
+with an HTTP timeout longer than its wait.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import math
+import time
+from collections.abc import Sequence
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import httpx
+from pydantic import BaseModel, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError
+
+from reinforge import errors
+from reinforge.net.keepalive import HTTPConnectionError, KeepAliveClient
+from reinforge.store.http.adapters import (
+    ADDED,
+    ATTEMPT,
+    ATTEMPT_PAGE,
+    COUNTERS,
+    LEASED,
+    RESOURCES,
+    ROLLOUT,
+    ROLLOUT_PAGE,
+    ROLLOUTS,
+    SPAN_PAGE,
+)
+from reinforge.store.http.auth import resolve_client_token
+from reinforge.store.http.wire import (
+    MAX_WAIT_SECONDS,
+    AddSpansRequest,
+    EnqueueRequest,
+    HeartbeatRequest,
+    LeaseRequest,
+    PutResourcesRequest,
+    RolloutIdsRequest,
+    WaitRequest,
+)
+from reinforge.types import (
+    Attempt,
+    AttemptOutcome,
+    AttemptQuery,
+    LeasedRollout,
+    Page,
+    ResourcesVersion,
+    Rollout,
+    RolloutMode,
+    RolloutQuery,
+    RolloutSpec,
+    Span,
+    SpanQuery,
+    StoreCounters,
+)
+
+_T = TypeVar("_T")
+
+
+_ID_CHUNK = 10_000
+"""Id lists longer than this are sent in several calls (keeps each SQL `IN (...)` bounded)."""
+
+_ERRORS_BY_NAME: dict[str, type[errors.ReinforgeError]] = {
+    cls.__name__: cls
+    for cls in vars(errors).values()
+    if isinstance(cls, type) and issubclass(cls, errors.ReinforgeError)
+}
+_ERRORS_BY_STATUS: dict[int, type[errors.ReinforgeError]] = {
+    400: errors.InvalidRequestError,
+    401: errors.AuthenticationError,
+    403: errors.AuthenticationError,
+    404: errors.NotFoundError,
+    409: errors.ConflictError,
+    413: errors.PayloadTooLargeError,
+    422: errors.InvalidRequestError,
+    502: errors.StoreUnavailableError,
+    503: errors.StoreUnavailableError,
+    504: errors.StoreUnavailableError,
+}
+
+
+def error_from_response(response: httpx.Response) -> errors.ReinforgeError:
+    """The typed exception for an error response of the store server (or whatever answered)."""
+    return error_from_body(response.status_code, response.content, str(response.request.url))
+
+
+def error_from_body(status_code: int, content: bytes, url: str) -> errors.ReinforgeError:
+    """The typed exception for an error response: its `{"error": {"type", "message"}}` envelope
+    names the class; a body without one (a proxy's page) is classed by its status."""
+    type_name, message = "", ""
+    try:
+        body = json.loads(content)
+        detail = body.get("error") if isinstance(body, dict) else None
+        if isinstance(detail, dict):
+            type_name = str(detail.get("type", ""))
+            message = str(detail.get("message", ""))
+    except ValueError:
+        pass
+    if not message:
+        text = content[:500].decode("utf-8", errors="replace")
+        message = f"HTTP {status_code} from {url}: {text}"
+    cls = _ERRORS_BY_NAME.get(type_name) or _ERRORS_BY_STATUS.get(status_code, errors.ReinforgeError)
+    return cls(message)
+
+
+class HttpStoreClient:
+    """A `reinforge.store.protocol.Store` that talks to `reinforge store serve` (or `create_store_app`).
+
+    `token` defaults to `$REINFORGE_STORE_TOKEN`. Up to `connect_retries` times (with back-off) it
+    re-sends a call whose connection could not be opened, and a call that is safe to apply twice
+    (reads, waits, heartbeats, span batches) whose connection broke; this rides over a store server
+    restart. Other failures raise `StoreUnavailableError`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        *,
+        timeout_seconds: float = 60.0,
+        connect_retries: int = 5,
+        max_connections: int = 64,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        resolved = resolve_client_token(token)
+        if not resolved:
+            raise errors.AuthenticationError(
+                "no store token: pass token=..., or set REINFORGE_STORE_TOKEN "
+                "(the server wrote it to <run-dir>/store.token)"
+            )
+        self.base_url = base_url.rstrip("/")
+        self._token = resolved
+        self._timeout = timeout_seconds
+        self._connect_retries = connect_retries
+        self._max_connections = max_connections
+        self._transport = transport
+        # Connections, pools and semaphores belong to one event loop, and one client may serve
+        # several (the trainer's loop and the gateway's thread): each loop gets its own.
+        self._per_loop: dict[asyncio.AbstractEventLoop, _LoopClients] = {}
+
+    def _clients(self) -> _LoopClients:
+        loop = asyncio.get_running_loop()
+        clients = self._per_loop.get(loop)
+        if clients is None:
+            # `list(...)` copies at once: another thread may add its loop meanwhile.
+            for gone in [other for other in list(self._per_loop) if other.is_closed()]:
+                self._per_loop.pop(gone, None)  # its connections died with their loop
+            clients = self._per_loop[loop] = _LoopClients(
+                self.base_url, self._token, self._timeout, self._max_connections, self._transport
+            )
+        return clients
+
+    async def __aenter__(self) -> HttpStoreClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- transport ------------------------------------------------------------------------------
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        adapter: TypeAdapter[_T],
+        body: BaseModel | None = None,
+        *,
+        wait_seconds: float = 0.0,
+        idempotent: bool = False,
+    ) -> _T:
+        try:
+            content = body.__pydantic_serializer__.to_json(body) if body is not None else None
+        except PydanticSerializationError as exc:
+            what = type(body).__name__
+            raise errors.InvalidRequestError(f"{what} holds a value that is not JSON: {exc}") from exc
+        clients = self._clients()
+        if clients.lean is not None and method == "POST" and content is not None:
+            status, raw = await self._post_lean(clients, path, content, wait_seconds, idempotent)
+            if status >= 400:
+                raise error_from_body(status, raw, f"{self.base_url}{path}")
+            return adapter.validate_json(raw)
+        # A long-poll may legitimately take `wait_seconds`; the read timeout must outlast it.
+        timeout = httpx.Timeout(self._timeout + wait_seconds, connect=10.0)
+        attempt = 0
+        while True:
+            try:
+                response = await clients.http.request(method, path, content=content, timeout=timeout)
+                break
+            except httpx.TransportError as exc:
+                # A refused connection never reached the server, so any call may be re-sent; a call
+                # cut off later may have been applied, so only calls that are safe twice are re-sent.
+                retry = isinstance(exc, httpx.ConnectError) or (
+                    idempotent and not isinstance(exc, httpx.TimeoutException)
+                )
+                if not retry or attempt >= self._connect_retries:
+                    raise self._unavailable(method, path, exc) from exc
+                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+                attempt += 1
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return adapter.validate_json(response.content)
+
+    async def _post_lean(
+        self, clients: _LoopClients, path: str, content: bytes, wait_seconds: float, idempotent: bool
+    ) -> tuple[int, bytes]:
+        """One POST on the lean keep-alive client, re-sent on the same terms as over httpx."""
+        assert clients.lean is not None
+        attempt = 0
+        while True:
+            try:
+                async with clients.lean_slots:
+                    return await clients.lean.post(path, content, self._timeout + wait_seconds)
+            except (OSError, TimeoutError) as exc:
+                # OSError from connecting (refused, unreachable): the request never left. A
+                # connection that broke mid-call (HTTPConnectionError) may have been applied.
+                unsent = not isinstance(exc, HTTPConnectionError | TimeoutError)
+                retry = unsent or (idempotent and isinstance(exc, HTTPConnectionError))
+                if not retry or attempt >= self._connect_retries:
+                    raise self._unavailable("POST", path, exc) from exc
+                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
+                attempt += 1
+
+    def _unavailable(self, method: str, path: str, exc: Exception) -> errors.StoreUnavailableError:
+        problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        return errors.StoreUnavailableError(
+            f"the store at {self.base_url} did not answer {method} {path} ({problem})"
+        )
+
+    @staticmethod
+    def _request(model: type[BaseModel], **fields: Any) -> BaseModel:
+        """Validate on this side too, so a bad argument fails like a local store's would."""
+        try:
+            return model(**fields)
+        except ValidationError as exc:
+            raise errors.InvalidRequestError(str(exc)) from exc
+
+    # -- the Store protocol ---------------------------------------------------------------------
+
+    async def enqueue_rollouts(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
+        body = self._request(EnqueueRequest, specs=list(specs))
+        return await self._call("POST", "/store/rollouts/enqueue", ROLLOUTS, body)
+
+    async def lease_rollouts(
+        self,
+        runner_id: str,
+        max_rollouts: int = 1,
+        lease_seconds: float = 60.0,
+        wait_seconds: float = 0.0,
+        mode: RolloutMode | None = None,
+    ) -> list[LeasedRollout]:
+        deadline = time.monotonic() + _non_negative("wait_seconds", wait_seconds)
+        while True:
+            remaining = max(0.0, deadline - time.monotonic())
+            this_wait = min(remaining, MAX_WAIT_SECONDS)
+            body = self._request(
+                LeaseRequest,
+                runner_id=runner_id,
+                max_rollouts=max_rollouts,
+                lease_seconds=lease_seconds,
+                wait_seconds=this_wait,
+                mode=mode,
+            )
+            leased = await self._call("POST", "/store/rollouts/lease", LEASED, body, wait_seconds=this_wait)
+            if leased or remaining <= this_wait:
+                return leased
+
+    async def heartbeat(self, attempt_id: str, lease_seconds: float = 60.0) -> Attempt:
+        body = self._request(HeartbeatRequest, lease_seconds=lease_seconds)
+        path = f"/store/attempts/{_segment(attempt_id)}/heartbeat"
+        return await self._call("POST", path, ATTEMPT, body, idempotent=True)
+
+    async def finish_attempt(self, attempt_id: str, outcome: AttemptOutcome) -> Rollout:
+        if outcome.reward is not None and not math.isfinite(outcome.reward):
+            # JSON has no NaN/inf: refuse here, as a local store does, rather than send null.
+            raise errors.InvalidRequestError(f"reward must be a finite number, got {outcome.reward}")
+        return await self._call("POST", f"/store/attempts/{_segment(attempt_id)}/finish", ROLLOUT, outcome)
+
+    async def cancel_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        ids = list(rollout_ids)
+        cancelled: list[Rollout] = []
+        for start in range(0, max(len(ids), 1), _ID_CHUNK):
+            body = self._request(RolloutIdsRequest, rollout_ids=ids[start : start + _ID_CHUNK])
+            chunk: list[Rollout] = await self._call("POST", "/store/rollouts/cancel", ROLLOUTS, body)
+            cancelled.extend(chunk)
+        return cancelled
+
+    async def add_spans(self, spans: Sequence[Span]) -> int:
+        if not spans:
+            return 0
+        body = AddSpansRequest.model_construct(spans=list(spans))  # already validated Span objects
+        result = await self._call("POST", "/store/spans", ADDED, body, idempotent=True)
+        return result.added
+
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        return await self._call("GET", f"/store/rollouts/{_segment(rollout_id)}", ROLLOUT, idempotent=True)
+
+    async def get_attempt(self, attempt_id: str) -> Attempt:
+        return await self._call("GET", f"/store/attempts/{_segment(attempt_id)}", ATTEMPT, idempotent=True)
+
+    async def query_rollouts(self, query: RolloutQuery) -> Page[Rollout]:
+        return await self._call("POST", "/store/rollouts/query", ROLLOUT_PAGE, query, idempotent=True)
+
+    async def query_attempts(self, query: AttemptQuery) -> Page[Attempt]:
+        return await self._call("POST", "/store/attempts/query", ATTEMPT_PAGE, query, idempotent=True)
+
+    async def query_spans(self, query: SpanQuery) -> Page[Span]:
+        return await self._call("POST", "/store/spans/query", SPAN_PAGE, query, idempotent=True)
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
+        ids = list(dict.fromkeys(rollout_ids))
+        deadline = time.monotonic() + _non_negative("timeout_seconds", timeout_seconds)
+        final: dict[str, Rollout] = {}
+        # Chunks one after the other share one deadline; a final rollout stays final, so rollouts
+        # already seen final need no second look.
+        for start in range(0, len(ids), _ID_CHUNK):
+            chunk = ids[start : start + _ID_CHUNK]
+            while True:
+                remaining = max(0.0, deadline - time.monotonic())
+                this_wait = min(remaining, MAX_WAIT_SECONDS)
+                pending = [i for i in chunk if i not in final]
+                body = self._request(WaitRequest, rollout_ids=pending, timeout_seconds=this_wait)
+                for rollout in await self._call(
+                    "POST", "/store/rollouts/wait", ROLLOUTS, body, wait_seconds=this_wait, idempotent=True
+                ):
+                    final[rollout.rollout_id] = rollout
+                if all(i in final for i in chunk) or remaining <= this_wait:
+                    break
+        return [final[i] for i in ids if i in final]
+
+    async def put_resources(
+        self, resources: dict[str, object], version: int | None = None
+    ) -> ResourcesVersion:
+        body = self._request(PutResourcesRequest, resources=resources, version=version)
+        return await self._call("POST", "/store/resources", RESOURCES, body)
+
+    async def get_resources(self, version: int | None = None) -> ResourcesVersion:
+        path = "/store/resources/latest" if version is None else f"/store/resources/{int(version)}"
+        return await self._call("GET", path, RESOURCES, idempotent=True)
+
+    async def counters(self) -> StoreCounters:
+        return await self._call("GET", "/store/counters", COUNTERS, idempotent=True)
+
+    async def health(self) -> bool:
+        """True when the server answers its health probe."""
+        try:
+            response = await self._clients().http.get("/health")
+        except httpx.TransportError:
+            return False
+        return response.status_code == 200
+
+    async def close(self) -> None:
+        """Close this loop's connections, and ask any other loop still running to close its own."""
+        here = asyncio.get_running_loop()
+        for loop, clients in list(self._per_loop.items()):
+            if self._per_loop.pop(loop, None) is None:
+                continue  # another thread's close took it
+            if loop is here:
+                await clients.aclose()
+            elif not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # it closed meanwhile
+                    asyncio.run_coroutine_threadsafe(clients.aclose(), loop)
+
+
+class _LoopClients:
+    """One event loop's connections to the store: httpx for everything, and on plain http a lean
+    keep-alive client for the POSTs a runner makes for every rollout (lease, spans, finish,
+    heartbeat), at a fraction of httpx's CPU cost per call. A custom transport (tests, proxies)
+    keeps everything on httpx."""
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        timeout_seconds: float,
+        max_connections: int,
+        transport: httpx.AsyncBaseTransport | None,
+    ) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=base_url,
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            timeout=httpx.Timeout(timeout_seconds, connect=10.0),
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            transport=transport,
+        )
+        self.lean: KeepAliveClient | None = None
+        if transport is None and base_url.startswith("http://"):
+            self.lean = KeepAliveClient(
+                base_url, headers={"Authorization": f"Bearer {token}"}, max_idle=max_connections
+            )
+        # At most `max_connections` calls in flight on the lean client, as httpx's pool allows.
+        self.lean_slots = asyncio.Semaphore(max_connections)
+
+    async def aclose(self) -> None:
+        if self.lean is not None:
+            self.lean.close()
+        await self.http.aclose()
+
+
+def _non_negative(name: str, value: float) -> float:
+    if not value >= 0:  # also catches NaN
+        raise errors.InvalidRequestError(f"{name} must be >= 0, got {value}")
+    return float(value)
+
+
+def _segment(value: str) -> str:
+    """An id as one URL path segment (ids are free-form strings; '/' or '?' must not split them)."""
+    if not value:
+        raise errors.InvalidRequestError("an id must not be empty")
+    return quote(value, safe="")

@@ -1,0 +1,838 @@
+"""The SQL store: SQLite (the embedded default, one file in the run folder) or PostgreSQL by URL.
+
+Each operation is one transaction function (`_*_tx`) run by `sql_database`; the async methods only
+check arguments, run the transaction, raise what it reports and fire the in-process wake-ups. On
+SQLite the calls every rollout makes (lease, finish, the expiry probe, span inserts) run on the raw
+sqlite3 cursor (`sqlite_ops`); everything else goes through SQLAlchemy Core.
+Rows are locked in one order everywhere (rollout before attempt) so concurrent PostgreSQL stores
+can't deadlock, and leases take queued rows with `FOR UPDATE SKIP LOCKED`, so two stores never
+lease the same rollout.
+
+Expiry is lazy but complete: every operation that reads or changes rollout state first times out
+the running attempts whose lease has passed (one indexed query when there are none), and waits
+sleep no later than the next lease deadline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from pydantic_core import PydanticSerializationError, to_json
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    and_,
+    func,
+    select,
+    update,
+)
+
+from reinforge.errors import ConflictError, InvalidRequestError, NotFoundError, StaleAttemptError
+from reinforge.store import rules
+from reinforge.store.notify import Signal, Watch
+from reinforge.store.span_records import SpanRecord
+from reinforge.store.sql import sqlite_ops
+from reinforge.store.sql.database import Database, PostgresDatabase, Synchronous, open_database
+from reinforge.store.sql.schema import (
+    attempt_from_row,
+    attempts,
+    resources,
+    resources_from_row,
+    rollout_from_row,
+    rollouts,
+    span_from_row,
+    spans,
+)
+from reinforge.store.sql.statements import Statements
+from reinforge.types import (
+    Attempt,
+    AttemptOutcome,
+    AttemptQuery,
+    AttemptStatus,
+    LeasedRollout,
+    Page,
+    ResourcesVersion,
+    Rollout,
+    RolloutMode,
+    RolloutQuery,
+    RolloutSpec,
+    RolloutStatus,
+    Span,
+    SpanQuery,
+    StoreCounters,
+    new_ordered_id,
+)
+
+R = TypeVar("R")
+
+_FINAL = [s.value for s in RolloutStatus if s.is_final]
+_INSERT_CHUNK = 500  # rows per multi-row INSERT: far below SQLite's and PostgreSQL's parameter limits
+_QUEUED = "queued"
+_FINALISED = "final"
+
+
+@dataclass
+class _Effects:
+    """What a transaction changed that waiters care about; fired after it commits."""
+
+    queued: bool = False
+    finalised: bool = False
+    finalised_ids: set[str] | None = field(default_factory=set)
+    """The rollouts it made final (None: some without a name), so a waiter can tell whether any of
+    its own were among them without a query."""
+
+    def finalise(self, rollout_id: str | None) -> None:
+        self.finalised = True
+        if rollout_id is None:
+            self.finalised_ids = None
+        elif self.finalised_ids is not None:
+            self.finalised_ids.add(rollout_id)
+
+
+class _Raise:
+    """A transaction's verdict that must reach the caller as an error *after* the commit (an
+    expiry the same transaction applied must stay applied)."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _json(value: Any, what: str) -> str:
+    try:
+        return to_json(value).decode()
+    except PydanticSerializationError as e:
+        raise InvalidRequestError(f"{what} holds a value that is not JSON: {e}") from e
+
+
+_INSERT_SPAN_SQL = (
+    "INSERT INTO spans (span_id, trace_id, rollout_id, attempt_id, name, body) "
+    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (span_id) DO NOTHING"
+)
+
+
+def _insert_spans_sqlite(conn: Connection, rows: list[tuple[str, str, str, str, str, str]]) -> int:
+    """The hot insert on the raw sqlite3 cursor, inside the caller's transaction: SQLAlchemy's
+    per-row parameter processing and RETURNING cost more than the insert itself for span batches.
+    `rowcount` of an executemany sums the rows inserted; ignored duplicates add nothing."""
+    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.executemany(_INSERT_SPAN_SQL, rows)
+        return int(cursor.rowcount)
+    finally:
+        cursor.close()
+
+
+def _stale(row: Any) -> StaleAttemptError:
+    m = row._mapping
+    return StaleAttemptError(
+        f"attempt {m['attempt_id']!r} (try {m['attempt_no']} of rollout {m['rollout_id']!r}) is "
+        f"{m['status']}, no longer the rollout's running attempt; its report was not counted"
+    )
+
+
+def _start_attempt(rollout: Rollout, runner_id: str, now: float, deadline: float) -> Attempt:
+    """Mark a just-leased rollout running (in place) and make its new attempt."""
+    rollout.attempt_count += 1
+    rollout.status = RolloutStatus.running
+    rollout.updated_at = now
+    return Attempt(
+        attempt_id=new_ordered_id(),
+        rollout_id=rollout.rollout_id,
+        attempt_no=rollout.attempt_count,
+        runner_id=runner_id,
+        started_at=now,
+        lease_deadline=deadline,
+        last_heartbeat=now,
+    )
+
+
+class SqlStore:
+    """The store on SQLite or PostgreSQL. Open it with `await SqlStore.open(url)`."""
+
+    def __init__(self, db: Database) -> None:
+        self._db = db
+        self._s = Statements(postgres=isinstance(db, PostgresDatabase))
+        self._queued = Signal()
+        self._finalised = Signal()
+        db.on_notify(self._on_notify)
+
+    @classmethod
+    async def open(
+        cls,
+        url: str,
+        *,
+        schema: str | None = None,
+        synchronous: Synchronous = "NORMAL",
+        workers: int = 8,
+    ) -> SqlStore:
+        """Open (creating tables if needed) the store at `url`.
+
+        `sqlite:///run/store.db` (WAL; `synchronous` NORMAL survives a killed process, FULL also a
+        power cut, at one fsync per commit) or `postgresql://user@host:5432/db` (optionally in
+        `schema`, also given as `?schema=name`; `workers` connections).
+        """
+        db = open_database(url, schema=schema, synchronous=synchronous, workers=workers)
+        await db.start()
+        return cls(db)
+
+    @property
+    def dialect(self) -> str:
+        return self._db.dialect
+
+    def _on_notify(self, payload: str) -> None:
+        if payload in (_QUEUED, "*"):
+            self._queued.fire()
+        if payload in (_FINALISED, "*"):
+            self._finalised.fire()
+
+    async def _write(self, fn: Callable[[Connection, _Effects], R | _Raise]) -> R:
+        fx = _Effects()
+
+        def tx(conn: Connection) -> R | _Raise:
+            result = fn(conn, fx)
+            if fx.queued:
+                self._db.notify(conn, _QUEUED)
+            if fx.finalised:
+                self._db.notify(conn, _FINALISED)
+            return result
+
+        result = await self._db.write(tx)
+        if fx.queued:
+            self._queued.fire()
+        if fx.finalised:
+            self._finalised.fire(fx.finalised_ids)
+        if isinstance(result, _Raise):
+            raise result.error
+        return result
+
+    # -- shared transaction steps -----------------------------------------------------------------
+
+    def _expire_tx(self, conn: Connection, fx: _Effects, now: float) -> None:
+        """Time out running attempts whose lease passed; their rollouts retry or fail."""
+        q = self._s
+        if not q.postgres:
+            # Nearly always nothing is due: one probe of the status/deadline index answers that.
+            with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
+                if cur.execute(sqlite_ops.ANY_DUE, (now,)).fetchone() is None:
+                    return
+        due = conn.execute(q.expire_due, {"now": now}).scalars().all()
+        if not due:
+            return
+        # Lock the rollouts first (the lock order everywhere); another store may be expiring them.
+        locked = {row.seq: row for row in conn.execute(q.expire_lock, {"seqs": sorted(set(due))})}
+        if not locked:
+            return
+        expired = conn.execute(q.expire_attempts, {"seqs": list(locked), "now": now}).all()
+        if not expired:
+            return
+        attempt_rows, rollout_rows = [], []
+        for a in expired:
+            error = rules.expiry_error(a.attempt_no, a.runner_id)
+            r = locked[a.rollout_seq]
+            status = rules.after_expiry(r.attempt_count, r.max_attempts)
+            attempt_rows.append({"b_id": a.attempt_id, "b_error": error})
+            rollout_rows.append(
+                {
+                    "b_seq": a.rollout_seq,
+                    "b_status": status.value,
+                    "b_error": error,
+                    "b_finished": now if status.is_final else None,
+                    "b_now": now,
+                }
+            )
+            fx.queued |= status is RolloutStatus.queued
+            if status.is_final:
+                fx.finalise(None)  # the expiry reads rollouts by number, not by id
+        conn.execute(q.set_attempt_error, attempt_rows)
+        conn.execute(q.expire_rollouts, rollout_rows)
+
+    # A wait's statements (run each time it looks again); on SQLite on the raw cursor.
+
+    def _next_deadline_tx(self, conn: Connection) -> float | None:
+        if self._s.postgres:
+            deadline: float | None = conn.execute(self._s.next_deadline).scalar()
+            return deadline
+        with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
+            row = cur.execute(sqlite_ops.NEXT_DEADLINE).fetchone()
+        return None if row is None else row[0]
+
+    def _final_by_id_tx(self, conn: Connection, ids: Sequence[str]) -> list[Rollout]:
+        """The rollouts among `ids` that are final."""
+        if self._s.postgres:
+            return [rollout_from_row(r) for r in conn.execute(self._s.final_by_id, {"ids": self._s.ids(ids)})]
+        with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
+            rows = cur.execute(sqlite_ops.FINAL_BY_ID, (self._s.ids(ids),)).fetchall()
+        return [sqlite_ops.rollout_from_values(row)[1] for row in rows]
+
+    def _sleep_for(self, remaining: float, next_deadline: float | None) -> float:
+        sleep = min(remaining, rules.RECHECK_SECONDS)
+        if next_deadline is not None:
+            sleep = min(sleep, max(next_deadline - time.time(), 0.0) + 0.001)
+        return sleep
+
+    def _missing_rollouts_tx(self, conn: Connection, ids: Sequence[str]) -> NotFoundError | None:
+        if self._s.postgres:
+            found = {r.rollout_id for r in conn.execute(self._s.rollouts_by_id, {"ids": self._s.ids(ids)})}
+        else:
+            with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
+                found = {r[0] for r in cur.execute(sqlite_ops.EXISTING_IDS, (self._s.ids(ids),))}
+        missing = [i for i in ids if i not in found]
+        if missing:
+            return NotFoundError(f"rollouts not found: {', '.join(map(repr, missing[:10]))}")
+        return None
+
+    # -- rollouts ---------------------------------------------------------------------------------
+
+    async def enqueue_rollouts(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
+        for spec in specs:
+            rules.check_spec(spec)
+        now = time.time()
+        wanted: list[str] = []
+        rows: dict[str, dict[str, Any]] = {}
+        for spec in specs:
+            rid = spec.rollout_id or new_ordered_id()
+            wanted.append(rid)
+            if rid in rows:
+                continue
+            rows[rid] = {
+                "rollout_id": rid,
+                "status": RolloutStatus.queued.value,
+                "mode": RolloutMode(spec.mode).value,
+                "task_id": spec.task_id,
+                "group_id": spec.group_id,
+                "resources_version": spec.resources_version,
+                "max_attempts": spec.max_attempts,
+                "attempt_count": 0,
+                "created_at": now,
+                "updated_at": now,
+                "task": _json(spec.task, "task"),
+                "metadata": _json(spec.metadata, "metadata"),
+            }
+        if not wanted:
+            return []
+        new_rows = list(rows.values())
+
+        def tx(conn: Connection, fx: _Effects) -> list[Rollout]:
+            q = self._s
+            found: dict[str, Rollout] = {}
+            for i in range(0, len(new_rows), _INSERT_CHUNK):
+                chunk = new_rows[i : i + _INSERT_CHUNK]
+                fx.queued |= bool(conn.execute(q.insert_rollouts, chunk).all())
+                ids = q.ids([x["rollout_id"] for x in chunk])
+                found.update(
+                    (r.rollout_id, r)
+                    for r in map(rollout_from_row, conn.execute(q.rollouts_by_id, {"ids": ids}))
+                )
+            return [found[rid] for rid in wanted]
+
+        return await self._write(tx)
+
+    async def lease_rollouts(
+        self,
+        runner_id: str,
+        max_rollouts: int = 1,
+        lease_seconds: float = 60.0,
+        wait_seconds: float = 0.0,
+        mode: RolloutMode | None = None,
+    ) -> list[LeasedRollout]:
+        mode = rules.check_lease_args(runner_id, max_rollouts, lease_seconds, wait_seconds, mode)
+        deadline = time.monotonic() + wait_seconds
+        with self._queued.watch() as watch:
+            while True:
+                leased, next_deadline = await self._write(
+                    lambda conn, fx: self._lease_tx(conn, fx, runner_id, max_rollouts, lease_seconds, mode)
+                )
+                remaining = deadline - time.monotonic()
+                if leased or remaining <= 0:
+                    return leased
+                await watch.wait(self._sleep_for(remaining, next_deadline))
+
+    def _lease_tx(
+        self,
+        conn: Connection,
+        fx: _Effects,
+        runner_id: str,
+        max_rollouts: int,
+        lease_seconds: float,
+        mode: RolloutMode | None,
+    ) -> tuple[list[LeasedRollout], float | None]:
+        now = time.time()
+        self._expire_tx(conn, fx, now)
+        q = self._s
+        if not q.postgres:
+            leased = self._lease_sqlite(conn, runner_id, max_rollouts, now + lease_seconds, mode, now)
+            return leased, None if leased else self._next_deadline_tx(conn)
+        if mode is None:
+            rows = conn.execute(q.lease_any, {"n": max_rollouts}).all()
+        else:
+            rows = conn.execute(q.lease_mode, {"n": max_rollouts, "mode": mode.value}).all()
+        if not rows:
+            return [], self._next_deadline_tx(conn)
+        deadline = now + lease_seconds
+        out: list[LeasedRollout] = []
+        attempt_rows, rollout_rows = [], []
+        for row in rows:
+            rollout = rollout_from_row(row)
+            attempt = _start_attempt(rollout, runner_id, now, deadline)
+            attempt_rows.append({**attempt.model_dump(mode="json"), "rollout_seq": row.seq})
+            rollout_rows.append(
+                {
+                    "b_seq": row.seq,
+                    "b_count": rollout.attempt_count,
+                    "b_aid": attempt.attempt_id,
+                    "b_now": now,
+                }
+            )
+            out.append(LeasedRollout(rollout=rollout, attempt=attempt))
+        conn.execute(q.insert_attempts, attempt_rows)
+        conn.execute(q.lease_rollouts, rollout_rows)
+        return out, None
+
+    @staticmethod
+    def _lease_sqlite(
+        conn: Connection,
+        runner_id: str,
+        max_rollouts: int,
+        deadline: float,
+        mode: RolloutMode | None,
+        now: float,
+    ) -> list[LeasedRollout]:
+        """`_lease_tx` on the raw cursor (see `sqlite_ops`)."""
+        with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
+            if mode is None:
+                rows = cur.execute(sqlite_ops.LEASE_ANY, (max_rollouts,)).fetchall()
+            else:
+                rows = cur.execute(sqlite_ops.LEASE_MODE, (mode.value, max_rollouts)).fetchall()
+            out: list[LeasedRollout] = []
+            attempt_rows, rollout_rows = [], []
+            for row in rows:
+                seq, rollout = sqlite_ops.rollout_from_values(row)
+                attempt = _start_attempt(rollout, runner_id, now, deadline)
+                aid, number = attempt.attempt_id, attempt.attempt_no
+                attempt_rows.append((aid, seq, rollout.rollout_id, number, runner_id, now, deadline, now))
+                rollout_rows.append((number, aid, now, seq))
+                out.append(LeasedRollout(rollout=rollout, attempt=attempt))
+            if out:
+                cur.executemany(sqlite_ops.INSERT_ATTEMPT, attempt_rows)
+                cur.executemany(sqlite_ops.LEASE_ROLLOUT, rollout_rows)
+            return out
+
+    async def heartbeat(self, attempt_id: str, lease_seconds: float = 60.0) -> Attempt:
+        rules.check_lease_seconds(lease_seconds)
+
+        def tx(conn: Connection, fx: _Effects) -> Attempt | _Raise:
+            now = time.time()
+            self._expire_tx(conn, fx, now)
+            params = {"aid": attempt_id, "deadline": now + lease_seconds, "now": now}
+            row = conn.execute(self._s.heartbeat, params).first()
+            if row is not None:
+                return attempt_from_row(row)
+            return _Raise(self._attempt_problem(conn, attempt_id))
+
+        return await self._write(tx)
+
+    def _attempt_problem(self, conn: Connection, attempt_id: str) -> Exception:
+        row = conn.execute(self._s.get_attempt, {"aid": attempt_id}).first()
+        return NotFoundError(f"attempt {attempt_id!r} not found") if row is None else _stale(row)
+
+    async def finish_attempt(self, attempt_id: str, outcome: AttemptOutcome) -> Rollout:
+        outcome = rules.check_outcome(outcome)
+
+        def tx(conn: Connection, fx: _Effects) -> Rollout | _Raise:
+            now = time.time()
+            self._expire_tx(conn, fx, now)
+            found = self._finish_find_tx(conn, attempt_id)
+            if found is None:
+                return _Raise(NotFoundError(f"attempt {attempt_id!r} not found"))
+            seq, rollout = found
+            if not self._finish_attempt_tx(conn, attempt_id, outcome, now):
+                return _Raise(self._attempt_problem(conn, attempt_id))
+            status = rules.after_finish(outcome, rollout.attempt_count, rollout.max_attempts)
+            rollout.status = status
+            rollout.updated_at = now
+            rollout.error = outcome.error
+            if status.is_final:
+                rollout.finished_at = now
+                rollout.reward = outcome.reward
+            self._finish_rollout_tx(conn, seq, rollout, now)
+            fx.queued |= status is RolloutStatus.queued
+            if status.is_final:
+                fx.finalise(rollout.rollout_id)
+            return rollout
+
+        return await self._write(tx)
+
+    # A finish's three statements; on SQLite on the raw cursor (see `sqlite_ops`).
+
+    def _finish_find_tx(self, conn: Connection, attempt_id: str) -> tuple[int, Rollout] | None:
+        """(seq, rollout) of the attempt's rollout, locked on PostgreSQL."""
+        if self._s.postgres:
+            row = conn.execute(self._s.finish_rollout, {"aid": attempt_id}).first()
+            return None if row is None else (row.seq, rollout_from_row(row))
+        with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
+            found = cur.execute(sqlite_ops.FINISH_ROLLOUT, (attempt_id,)).fetchone()
+        return None if found is None else sqlite_ops.rollout_from_values(found)
+
+    def _finish_attempt_tx(
+        self, conn: Connection, attempt_id: str, outcome: AttemptOutcome, now: float
+    ) -> bool:
+        """Record the outcome on the attempt if it is still running; False if it is not."""
+        values = (outcome.status.value, now, outcome.reward, outcome.error, attempt_id)
+        if self._s.postgres:
+            keys = ("b_status", "now", "b_reward", "b_error", "aid")
+            return (
+                conn.execute(self._s.finish_attempt, dict(zip(keys, values, strict=True))).first() is not None
+            )
+        with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
+            return cur.execute(sqlite_ops.FINISH_ATTEMPT, values).fetchone() is not None
+
+    def _finish_rollout_tx(self, conn: Connection, seq: int, rollout: Rollout, now: float) -> None:
+        values = (rollout.status.value, now, rollout.error, rollout.finished_at, rollout.reward, seq)
+        if self._s.postgres:
+            keys = ("b_status", "now", "b_error", "b_finished", "b_reward", "b_seq")
+            conn.execute(self._s.finish_update_rollout, dict(zip(keys, values, strict=True)))
+            return
+        with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
+            cur.execute(sqlite_ops.FINISH_UPDATE_ROLLOUT, values)
+
+    async def cancel_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
+        ids = rules.check_ids(rollout_ids, "rollout_ids")
+
+        def tx(conn: Connection, fx: _Effects) -> list[Rollout] | _Raise:
+            now = time.time()
+            self._expire_tx(conn, fx, now)
+            rows = conn.execute(
+                self._s.lock(self._s.rollouts_by_id.order_by(rollouts.c.seq)), {"ids": self._s.ids(ids)}
+            ).all()
+            found = {r.rollout_id: r for r in rows}
+            missing = [i for i in ids if i not in found]
+            if missing:
+                return _Raise(NotFoundError(f"rollouts not found: {', '.join(map(repr, missing[:10]))}"))
+            live = [r for r in rows if r.status not in _FINAL]
+            if live:
+                seqs = [r.seq for r in live]
+                conn.execute(
+                    update(attempts)
+                    .where(attempts.c.rollout_seq.in_(seqs), attempts.c.status == AttemptStatus.running.value)
+                    .values(status=AttemptStatus.cancelled.value, finished_at=now)
+                )
+                conn.execute(
+                    update(rollouts)
+                    .where(rollouts.c.seq.in_(seqs))
+                    .values(
+                        status=RolloutStatus.cancelled.value,
+                        finished_at=now,
+                        updated_at=now,
+                        current_attempt_id=None,
+                    )
+                )
+                for r in live:
+                    fx.finalise(r.rollout_id)
+            out = {}
+            for r in rows:
+                rollout = rollout_from_row(r)
+                if r.status not in _FINAL:
+                    rollout.status = RolloutStatus.cancelled
+                    rollout.finished_at = rollout.updated_at = now
+                out[rollout.rollout_id] = rollout
+            return [out[i] for i in ids]
+
+        return await self._write(tx)
+
+    # -- spans ------------------------------------------------------------------------------------
+
+    async def add_spans(self, new_spans: Sequence[Span]) -> int:
+        records = []
+        for s in new_spans:
+            rules.check_span(s)
+            try:
+                records.append(SpanRecord.from_span(s))
+            except PydanticSerializationError as e:
+                raise InvalidRequestError(f"span {s.span_id} holds a value that is not JSON: {e}") from e
+        return await self.add_span_records(records)
+
+    async def add_span_records(self, records: Sequence[SpanRecord]) -> int:
+        """`add_spans` for spans already validated and serialised (the store server's fast path)."""
+        rows: dict[str, tuple[str, str, str, str, str, str]] = {}
+        for r in records:
+            if r.span_id not in rows:  # the first of a repeated id wins, as across batches
+                rows[r.span_id] = (r.span_id, r.trace_id, r.rollout_id, r.attempt_id, r.name, r.body)
+        if not rows:
+            return 0
+        batch = list(rows.values())
+        if not self._s.postgres:
+            return await self._db.write_bulk(lambda conn: _insert_spans_sqlite(conn, batch))
+
+        def tx(conn: Connection, fx: _Effects) -> int:
+            keys = ("span_id", "trace_id", "rollout_id", "attempt_id", "name", "body")
+            added = 0
+            for i in range(0, len(batch), _INSERT_CHUNK):
+                params = [dict(zip(keys, row, strict=True)) for row in batch[i : i + _INSERT_CHUNK]]
+                added += len(conn.execute(self._s.insert_spans, params).all())
+            return added
+
+        return await self._write(tx)
+
+    # -- reads ------------------------------------------------------------------------------------
+
+    async def get_rollout(self, rollout_id: str) -> Rollout:
+        def tx(conn: Connection, fx: _Effects) -> Rollout | _Raise:
+            self._expire_tx(conn, fx, time.time())
+            row = conn.execute(self._s.get_rollout, {"rid": rollout_id}).first()
+            if row is None:
+                return _Raise(NotFoundError(f"rollout {rollout_id!r} not found"))
+            return rollout_from_row(row)
+
+        return await self._write(tx)
+
+    async def get_attempt(self, attempt_id: str) -> Attempt:
+        def tx(conn: Connection, fx: _Effects) -> Attempt | _Raise:
+            self._expire_tx(conn, fx, time.time())
+            row = conn.execute(self._s.get_attempt, {"aid": attempt_id}).first()
+            if row is None:
+                return _Raise(NotFoundError(f"attempt {attempt_id!r} not found"))
+            return attempt_from_row(row)
+
+        return await self._write(tx)
+
+    async def query_rollouts(self, query: RolloutQuery) -> Page[Rollout]:
+        where: list[ColumnElement[bool]] = []
+        params: dict[str, Any] = {}
+        if query.rollout_ids is not None:
+            where.append(self._s.in_ids(rollouts.c.rollout_id))
+            params["ids"] = self._s.ids(list(dict.fromkeys(query.rollout_ids)))
+        if query.statuses is not None:
+            where.append(rollouts.c.status.in_([s.value for s in query.statuses]))
+        if query.mode is not None:
+            where.append(rollouts.c.mode == query.mode.value)
+        if query.group_id is not None:
+            where.append(rollouts.c.group_id == query.group_id)
+        if query.task_id is not None:
+            where.append(rollouts.c.task_id == query.task_id)
+
+        def tx(conn: Connection, fx: _Effects) -> Page[Rollout]:
+            self._expire_tx(conn, fx, time.time())
+            cond = and_(True, *where)
+            total = conn.execute(select(func.count()).select_from(rollouts).where(cond), params).scalar_one()
+            rows = conn.execute(
+                select(rollouts).where(cond).order_by(rollouts.c.seq).limit(query.limit).offset(query.offset),
+                params,
+            )
+            return rules.make_page([rollout_from_row(r) for r in rows], total, query.offset)
+
+        return await self._write(tx)
+
+    async def query_attempts(self, query: AttemptQuery) -> Page[Attempt]:
+        where: list[ColumnElement[bool]] = []
+        if query.rollout_id is not None:
+            where.append(attempts.c.rollout_id == query.rollout_id)
+        if query.runner_id is not None:
+            where.append(attempts.c.runner_id == query.runner_id)
+        if query.statuses is not None:
+            where.append(attempts.c.status.in_([s.value for s in query.statuses]))
+
+        def tx(conn: Connection, fx: _Effects) -> Page[Attempt]:
+            self._expire_tx(conn, fx, time.time())
+            cond = and_(True, *where)
+            total = conn.execute(select(func.count()).select_from(attempts).where(cond)).scalar_one()
+            rows = conn.execute(
+                select(attempts)
+                .where(cond)
+                .order_by(attempts.c.rollout_seq, attempts.c.attempt_no)
+                .limit(query.limit)
+                .offset(query.offset)
+            )
+            return rules.make_page([attempt_from_row(r) for r in rows], total, query.offset)
+
+        return await self._write(tx)
+
+    async def query_spans(self, query: SpanQuery) -> Page[Span]:
+        where: list[ColumnElement[bool]] = []
+        params: dict[str, Any] = {}
+        if query.rollout_id is not None:
+            where.append(spans.c.rollout_id == query.rollout_id)
+        if query.rollout_ids is not None:
+            where.append(self._s.in_ids(spans.c.rollout_id))
+            params["ids"] = self._s.ids(list(dict.fromkeys(query.rollout_ids)))
+        if query.attempt_id is not None:
+            where.append(spans.c.attempt_id == query.attempt_id)
+        if query.name is not None:
+            where.append(spans.c.name == query.name)
+        if query.trace_id is not None:
+            where.append(spans.c.trace_id == query.trace_id)
+
+        # Only `rollout_ids`: the trainer's read of a step's spans, on SQLite a raw-cursor statement.
+        batch_only = query.rollout_ids is not None and len(where) == 1
+
+        def tx(conn: Connection) -> Page[Span]:
+            cond = and_(True, *where)
+            rows: list[tuple[int, str]]
+            if batch_only and not self._s.postgres:
+                with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
+                    page = (params["ids"], query.limit, query.offset)
+                    rows = cur.execute(sqlite_ops.SPANS_OF_ROLLOUTS, page).fetchall()
+            else:
+                statement = (
+                    select(spans.c.sequence, spans.c.body)
+                    .where(cond)
+                    .order_by(spans.c.sequence)
+                    .limit(query.limit)
+                    .offset(query.offset)
+                )
+                rows = [(r[0], r[1]) for r in conn.execute(statement, params)]
+            if len(rows) < query.limit and (rows or query.offset == 0):
+                # A short page is the last one: its end is the total, no count needed (the trainer
+                # reads every step's spans, in pages that are nearly always short).
+                total = query.offset + len(rows)
+            elif where:
+                total = conn.execute(select(func.count()).select_from(spans).where(cond), params).scalar_one()
+            else:
+                total = self._count_spans(conn)
+            return rules.make_page([span_from_row(seq, body) for seq, body in rows], total, query.offset)
+
+        return await self._db.read(tx)
+
+    def _count_spans(self, conn: Connection) -> int:
+        if self._s.postgres:
+            return int(conn.execute(self._s.count_spans).scalar_one())
+        # SQLite numbers a new row max(rowid) + 1, skipped inserts take no number, and spans are
+        # never deleted: the count is the last sequence, read from the index end instead of a scan.
+        return int(conn.execute(self._s.last_span_sequence).scalar() or 0)
+
+    async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
+        ids = rules.check_ids(rollout_ids, "rollout_ids")
+        rules.check_wait_seconds(timeout_seconds, "timeout_seconds")
+        deadline = time.monotonic() + timeout_seconds
+        done: dict[str, Rollout] = {}
+        first = True
+
+        def tx(conn: Connection, fx: _Effects) -> tuple[list[Rollout], float | None] | _Raise:
+            self._expire_tx(conn, fx, time.time())
+            pending = [i for i in ids if i not in done]
+            if first:
+                missing = self._missing_rollouts_tx(conn, pending)
+                if missing is not None:
+                    return _Raise(missing)
+            return self._final_by_id_tx(conn, pending), self._next_deadline_tx(conn)
+
+        with self._finalised.watch() as watch:
+            while True:
+                finished, next_deadline = await self._write(tx)
+                first = False
+                done.update((r.rollout_id, r) for r in finished)
+                if len(done) == len(ids) or deadline - time.monotonic() <= 0:
+                    return [done[i] for i in ids if i in done]
+                await self._until_all_reported(watch, ids, done, deadline, next_deadline)
+
+    async def _until_all_reported(
+        self,
+        watch: Watch,
+        ids: Sequence[str],
+        done: dict[str, Rollout],
+        deadline: float,
+        next_deadline: float | None,
+    ) -> None:
+        """Sleep until every rollout still awaited was reported final, a fire named nothing, a lease
+        may have expired, or the wait is over: one read for a whole batch, not one per commit."""
+        waiting = {i for i in ids if i not in done}
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not await watch.wait(self._sleep_for(remaining, next_deadline)):
+                return
+            reported = watch.take_keys()
+            if reported is None:
+                return
+            waiting -= reported
+            if not waiting:
+                return
+
+    # -- resources --------------------------------------------------------------------------------
+
+    async def put_resources(
+        self, resources_: dict[str, object], version: int | None = None
+    ) -> ResourcesVersion:
+        rules.check_version(version, "version")
+        if not isinstance(resources_, dict):
+            raise InvalidRequestError("resources must be a JSON object")
+        body = _json(resources_, "resources")
+        content = json.loads(body)
+
+        def tx(conn: Connection, fx: _Effects) -> ResourcesVersion | _Raise:
+            q = self._s
+            while True:
+                v = version
+                if v is None:
+                    latest = conn.execute(q.latest_version).scalar()
+                    v = 0 if latest is None else latest + 1
+                created = time.time()
+                # ON CONFLICT DO NOTHING: a concurrent put of the same number (another store
+                # auto-numbering at the same moment) makes this insert a no-op instead of an error.
+                added = conn.execute(
+                    q.insert_resources, {"version": v, "body": body, "created_at": created}
+                ).first()
+                if added is not None:
+                    return ResourcesVersion(version=v, resources=content, created_at=created)
+                if version is None:
+                    continue  # someone took that number: take the next one
+                existing = resources_from_row(conn.execute(q.get_resources, {"version": v}).one())
+                if existing.resources != content:
+                    return _Raise(
+                        ConflictError(
+                            f"resources version {v} already exists with other content; put the new "
+                            "content under a new version (or omit version to get the next one)"
+                        )
+                    )
+                return existing
+
+        return await self._write(tx)
+
+    async def get_resources(self, version: int | None = None) -> ResourcesVersion:
+        rules.check_version(version, "version")
+
+        def tx(conn: Connection) -> ResourcesVersion | _Raise:
+            if version is None:
+                row = conn.execute(self._s.latest_resources).first()
+                if row is None:
+                    return _Raise(NotFoundError("no resources have been put yet"))
+            else:
+                row = conn.execute(self._s.get_resources, {"version": version}).first()
+                if row is None:
+                    return _Raise(NotFoundError(f"resources version {version} not found"))
+            return resources_from_row(row)
+
+        result = await self._db.read(tx)
+        if isinstance(result, _Raise):
+            raise result.error
+        return result
+
+    async def counters(self) -> StoreCounters:
+        def tx(conn: Connection, fx: _Effects) -> StoreCounters:
+            self._expire_tx(conn, fx, time.time())
+            by_rollout = conn.execute(
+                select(rollouts.c.status, func.count()).group_by(rollouts.c.status)
+            ).all()
+            by_attempt = conn.execute(
+                select(attempts.c.status, func.count()).group_by(attempts.c.status)
+            ).all()
+            n_spans = self._count_spans(conn)
+            n_res, latest = conn.execute(select(func.count(), func.max(resources.c.version))).one()
+            return StoreCounters(
+                rollouts_by_status={RolloutStatus(s): n for s, n in by_rollout},
+                attempts_by_status={AttemptStatus(s): n for s, n in by_attempt},
+                spans=n_spans,
+                resources_versions=n_res,
+                latest_resources_version=latest,
+            )
+
+        return await self._write(tx)
+
+    async def close(self) -> None:
+        await self._db.close()
+        # Wake every waiter so it notices the store is closed instead of sleeping out its timeout.
+        self._queued.fire()
+        self._finalised.fire()
