@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/python -m ruff check src tests benchmarks examples
 .venv/bin/python -m mypy
+.venv/bin/lint-imports  # the layers of docs/architecture.md ([tool.importlinter] in pyproject.toml)
 set +e
 .venv/bin/python -m pytest -q -p no:cacheprovider "$@"
 rc=$?
