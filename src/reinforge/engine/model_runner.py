@@ -30,16 +30,16 @@ from transformers.activations import ACT2FN
 
 FAST_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 # The cost of one more attention call, in cached positions read: splitting a decode batch into
-# length buckets pays only when it skips more than this many keys. Measured on CPU: an SDPA call costs
-# about as much as reading ~100 cached positions of one sequence. On a GPU a launch (~10 us) costs as
-# much as reading tens of thousands of positions, so buckets are cut only for large savings there.
+# length buckets pays only when it skips more than this many keys. A call's fixed cost is worth a
+# modest number of cached positions on CPU; on a GPU a kernel launch is worth vastly more positions,
+# so buckets are cut only for large savings there (docs/engine.md, "Length buckets").
 _BUCKET_OVERHEAD = {"cpu": 128}
 _BUCKET_OVERHEAD_ACCELERATOR = 32768
 
 
 _PADDED_CALL_SAVING = 4096
-"""What one attention call fewer is worth in attention scores computed (on CPU a call costs about as
-much as a few thousand scores); prefill pads prompts together while the padding costs less."""
+"""What one attention call fewer is worth in attention scores computed (a call's fixed cost, on CPU);
+prefill pads prompts together while the padding costs less."""
 
 
 def _pads_cheaply(starts: list[int], lens: list[int]) -> bool:

@@ -3,7 +3,7 @@
 Why: in one process the engine's scheduling loop shares the interpreter lock with the gateway and
 the store, which answer the agents' calls while the engine generates. With the agents in runner
 processes, that lock was the trainer's bottleneck (the process sat at one core while the machine
-had room): the engine's Python ran at half speed in `Trainer.fit` against the same engine alone.
+had room): the engine's Python ran far slower in `Trainer.fit` than the same engine alone.
 In its own process the engine has its own lock and its own core.
 
 What crosses the pipe: requests (prompt ids, sampling; those a loop pass makes travel together, as

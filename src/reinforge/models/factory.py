@@ -1,7 +1,7 @@
 """Tiny Llama- and Qwen2-style causal LMs, built from a config and a seed (no downloads).
 
-The sizes default to the ~1.1M-parameter model that learns the calculator task in minutes on a CPU;
-hidden 256 / 6 layers gives the ~6M model the benchmarks use.
+The sizes default to the small model that learns the calculator task on a CPU; hidden 256 / 6 layers
+gives the larger model the benchmarks use (docs/engine.md gives their sizes).
 """
 
 from __future__ import annotations

@@ -47,16 +47,14 @@ _PAGE_SIZE = 16384
 A commit writes each page it touched to the WAL, one write per page, plus a checksum over it. With
 ids that sort by creation time (`reinforge.types.new_ordered_id`, `new_span_id`) a span batch touches
 only the last few pages of each index, so what a commit writes is mostly the spans themselves, and
-larger pages mean fewer writes for the same bytes: the store server spent 34-42 instead of 47 us of
-CPU per 7.7 KB span in the benchmark's ingest phase (16 against 4 KB, runs taken in turn). Ids from
-elsewhere that are random (an OpenTelemetry SDK's span ids) still cost a page per span in their
-index; in-process inserts of 80,000 spans with random span ids were still cheaper at 16 KB
-(22.5 against 24.6 us of CPU per span) but wrote 25 instead of 17 KiB per span.
+larger pages mean fewer writes for the same bytes, and less server CPU per span. Ids from elsewhere
+that are random (an OpenTelemetry SDK's span ids) still cost a page per span in their index: with
+them larger pages write more bytes, at no more CPU (docs/store.md, "SQLite", gives the figures).
 """
 _WAL_RESTART_BYTES = 512 * 1024 * 1024
 """A WAL this large is started over from its beginning at the next good chance (see `_checkpoint`).
-Large, because starting over holds the writer for two fsyncs (60-70 ms measured on a busy disk),
-while a longer WAL costs each commit only a little (a few us per span)."""
+Large, because starting over holds the writer for two fsyncs (long on a busy disk), while a longer
+WAL costs each commit only a little per span."""
 _WAL_FORCE_RESTART_BYTES = 2 * 1024 * 1024 * 1024
 """A WAL this large is started over at the next chance, however slowly the disk syncs right then."""
 _CATCH_UP_BYTES = 1024 * 1024

@@ -1,8 +1,8 @@
 """The SQL store's per-rollout statements on SQLite, run on the raw sqlite3 cursor.
 
 A lease or a finish is a handful of one-row statements. Through SQLAlchemy Core their parameter and
-result processing was about half of each operation's CPU (measured in-process, one commit each:
-lease 212 -> 109 us, finish 199 -> 97 us), on the event loop that every other request waits for.
+result processing was a large share of each operation's CPU (docs/benchmarks-spine.md), on the
+event loop that every other request waits for.
 On the raw cursor, inside the same transaction, they are the statements `sql_statements` builds for
 SQLite, written out. PostgreSQL keeps the SQLAlchemy path (row locks; it runs in a thread pool).
 """

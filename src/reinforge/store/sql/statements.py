@@ -1,7 +1,7 @@
 """The SQL store's statements, built once per dialect.
 
-Building a SQLAlchemy statement costs about 100 µs; executing a prebuilt one whose compiled form
-is cached costs about 15. The store runs a handful per operation, so building them once is most of
+Building a SQLAlchemy statement costs several times more than executing a prebuilt one whose compiled
+form is cached (docs/store.md). The store runs a handful per operation, so building them once is most of
 what makes the SQLite store fast. Every value is a bound parameter (never baked into the SQL), so
 each statement compiles once.
 """
