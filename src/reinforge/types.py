@@ -37,7 +37,8 @@ def new_ordered_id() -> str:
     every index over them, so each span batch dirties one index page per span per index, and each
     dirty page is a page written to SQLite's WAL; ids made at about the same time land next to each
     other instead, so a commit writes fewer bytes for less CPU (docs/store.md). 80 random bits keep
-    ids made in one millisecond as unlikely to collide as random ones. Not for prefixes that must differ (the leading characters are the time).
+    ids made in one millisecond as unlikely to collide as random ones. Not for prefixes that must
+    differ (the leading characters are the time).
     """
     return f"{time.time_ns() // 1_000_000 & 0xFFFF_FFFF_FFFF:012x}{os.urandom(10).hex()}"
 
