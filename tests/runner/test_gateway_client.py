@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import pytest
 
 from reinforge import semconv
+from reinforge.access import attempt_token, finish_token
 from reinforge.errors import InvalidRequestError, NotFoundError, StaleAttemptError, StoreUnavailableError
+from reinforge.net.keepalive_transport import KeepAliveTransport
 from reinforge.runner.gateway_client import GatewayClient, _error
 from reinforge.types import AttemptOutcome, AttemptStatus, RolloutStatus, Span, SpanQuery
 
@@ -61,16 +64,14 @@ def test_error_bodies_map_to_typed_errors() -> None:
 async def test_finishes_that_queue_up_go_out_in_one_request(stack: Stack) -> None:
     rollouts = await enqueue(stack.store, *({"i": i} for i in range(12)))
     leased = await stack.store.lease_rollouts("r", 12)
-    client = GatewayClient(stack.gateway_url, GATEWAY_SECRET)
-    assert client._fast is not None
     sent: list[str] = []
-    real_post = client._fast.post
+    real = KeepAliveTransport()
 
-    async def counted(path: str, *args: object, **kwargs: object) -> tuple[int, bytes]:
-        sent.append(path)
-        return await real_post(path, *args, **kwargs)  # type: ignore[arg-type]
+    async def counted(request: httpx.Request) -> httpx.Response:
+        sent.append(request.url.path.removeprefix("/gateway"))
+        return await real.handle_async_request(request)
 
-    client._fast.post = counted  # type: ignore[method-assign]
+    client = GatewayClient(stack.gateway_url, GATEWAY_SECRET, transport=httpx.MockTransport(counted))
     try:
         lone = leased[0].attempt.attempt_id
         await client.finish(lone, AttemptOutcome(status=AttemptStatus.succeeded, reward=0.0))
@@ -97,6 +98,7 @@ async def test_finishes_that_queue_up_go_out_in_one_request(stack: Stack) -> Non
             assert final.reward == pytest.approx(i / 10)
     finally:
         await client.aclose()
+        await real.aclose()
 
 
 async def test_a_refused_finish_in_a_batch_fails_only_its_caller(stack: Stack) -> None:
@@ -118,6 +120,29 @@ async def test_a_refused_finish_in_a_batch_fails_only_its_caller(stack: Stack) -
         assert (await stack.store.get_rollout(first.rollout.rollout_id)).status is RolloutStatus.succeeded
     finally:
         await client.aclose()
+
+
+async def test_requests_carry_the_finish_and_attempt_tokens() -> None:
+    """What goes on the wire: the path under the gateway's prefix, the signed token, the body."""
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path.endswith("/flush"):
+            return httpx.Response(503, json={"error": {"message": "store down", "code": None}})
+        return httpx.Response(200, json={})
+
+    client = GatewayClient("http://gw.test/gateway", GATEWAY_SECRET, transport=httpx.MockTransport(answer))
+    await client.finish("a/1", AttemptOutcome(status=AttemptStatus.failed))
+    with pytest.raises(StoreUnavailableError, match="503: store down"):
+        await client.flush("a/1")
+    await client.aclose()
+    finish, flush = seen
+    assert str(finish.url) == "http://gw.test/gateway/r/a%2F1/finish"
+    assert finish.headers["authorization"] == f"Bearer {finish_token(GATEWAY_SECRET, 'a/1')}"
+    assert finish.content.startswith(b'{"outcome":{"status":"failed"')
+    assert finish.content.endswith(b',"spans":[]}')
+    assert flush.headers["authorization"] == f"Bearer {attempt_token(GATEWAY_SECRET, 'a/1')}"
 
 
 async def test_queued_finishes_fail_cleanly_when_the_gateway_is_gone() -> None:

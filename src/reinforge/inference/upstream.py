@@ -18,8 +18,8 @@ not return them the call fails with UpstreamError rather than re-tokenising text
 
 from __future__ import annotations
 
-import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -35,7 +35,7 @@ from reinforge.inference.contract import (
     ToolCall,
 )
 from reinforge.inference.tool_calls import TOOL_CALL_START, parse_tool_calls
-from reinforge.net.keepalive import KeepAliveClient
+from reinforge.net.keepalive_transport import KeepAliveTransport
 
 Flavor = Literal["vllm", "sglang"]
 _TOKEN_ID_PREFIX = "token_id:"
@@ -63,6 +63,12 @@ def _ids_from_logprob_tokens(tokens: list[str]) -> list[int]:
     return ids
 
 
+def _failure(url: str, exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return f"upstream {url} timed out ({type(exc).__name__})"
+    return f"upstream {url} failed: {type(exc).__name__}: {exc}"
+
+
 class UpstreamBackend:
     """Forward generations to vLLM or SGLang at `base_url` (the server root, e.g. http://h:8000)."""
 
@@ -86,35 +92,34 @@ class UpstreamBackend:
         self.flavor: Flavor = flavor
         self.tokenizer = tokenizer
         self.policy_version = policy_version
-        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._timeout_s = timeout_s
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
         self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
-        self._limits = httpx.Limits(
-            max_connections=max_connections, max_keepalive_connections=max_connections
+        self._max_connections = max_connections
+        self._http = self._new_http()
+        self._http_lock = threading.Lock()
+
+    def _new_http(self) -> httpx.AsyncClient:
+        # The transport keeps connections per event loop: the gateway may be served from any thread.
+        return httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=self._headers,
+            timeout=self._timeout,
+            transport=KeepAliveTransport(max_connections=self._max_connections),
         )
-        self._clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
-        self._plain_http = self.base_url.startswith("http://")
-        # One client for every loop: it keeps a connection pool per event loop itself.
-        self._fast = KeepAliveClient(self.base_url, self._headers) if self._plain_http else None
 
     def _client(self) -> httpx.AsyncClient:
-        # httpx pools belong to one event loop; the gateway may be served from another thread.
-        loop = asyncio.get_running_loop()
-        client = self._clients.get(loop)
-        if client is None:
-            client = httpx.AsyncClient(
-                base_url=self.base_url, headers=self._headers, timeout=self._timeout, limits=self._limits
-            )
-            self._clients[loop] = client
-        return client
+        http = self._http
+        if http.is_closed:  # closed by an earlier `aclose`: a gateway served again opens a fresh one
+            with self._http_lock:
+                if self._http.is_closed:
+                    self._http = self._new_http()
+                http = self._http
+        return http
 
     async def aclose(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._fast is not None:
-            self._fast.close()
-        client = self._clients.pop(loop, None)
-        if client is not None:
-            await client.aclose()
+        await self._http.aclose()
 
     def token_texts(self, ids: list[int]) -> list[str]:
         if self.tokenizer is not None:
@@ -124,34 +129,14 @@ class UpstreamBackend:
     # -- HTTP --------------------------------------------------------------------------------------
 
     async def _post(self, path: str, payload: dict[str, Any]) -> Any:
-        if self._plain_http:
-            return await self._post_fast(path, payload)
         try:
-            response = await self._client().post(
-                path, content=json.dumps(payload).encode(), headers={"Content-Type": "application/json"}
-            )
+            response = await self._client().post(path, content=json_codec.dumps(payload))
         except httpx.HTTPError as exc:
-            raise UpstreamError(
-                f"upstream {self.base_url}{path} failed: {type(exc).__name__}: {exc}"
-            ) from None
+            raise UpstreamError(_failure(self.base_url + path, exc)) from None
         if response.status_code >= 400:
             self._raise_for(response.status_code, response.text, path)
         try:
-            return response.json()
-        except ValueError:
-            raise UpstreamError(f"upstream {self.base_url}{path} answered with non-JSON") from None
-
-    async def _post_fast(self, path: str, payload: dict[str, Any]) -> Any:
-        assert self._fast is not None  # only plain-http upstreams take this path
-        try:
-            status, raw = await self._fast.post(path, json_codec.dumps(payload), self._timeout_s)
-        except (OSError, TimeoutError) as exc:  # HTTPConnectionError is an OSError
-            kind = "timed out" if isinstance(exc, TimeoutError) else f"failed: {type(exc).__name__}: {exc}"
-            raise UpstreamError(f"upstream {self.base_url}{path} {kind}") from None
-        if status >= 400:
-            self._raise_for(status, raw.decode(errors="replace"), path)
-        try:
-            return json_codec.loads(raw)
+            return json_codec.loads(response.content)
         except ValueError:
             raise UpstreamError(f"upstream {self.base_url}{path} answered with non-JSON") from None
 
@@ -171,7 +156,7 @@ class UpstreamBackend:
 
     async def _stream_lines(self, path: str, payload: dict[str, Any]) -> AsyncIterator[str]:
         try:
-            async with self._client().stream("POST", path, json=payload) as response:
+            async with self._client().stream("POST", path, content=json_codec.dumps(payload)) as response:
                 if response.status_code >= 400:
                     self._raise_for(
                         response.status_code, (await response.aread()).decode(errors="replace"), path
@@ -183,9 +168,7 @@ class UpstreamBackend:
                             return
                         yield data
         except httpx.HTTPError as exc:
-            raise UpstreamError(
-                f"upstream {self.base_url}{path} failed: {type(exc).__name__}: {exc}"
-            ) from None
+            raise UpstreamError(_failure(self.base_url + path, exc)) from None
 
     # -- requests ----------------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ def solve(task: dict, llm: reinforge.LLM) -> float: ...
 await Runner(store, solve, gateway_url, gateway_secret, concurrency=8).run()
 """
 
-from reinforge.net.httpx_transport import GatewayTransport, gateway_http_client
+from reinforge.net.keepalive_transport import KeepAliveTransport
+from reinforge.net.openai_client import gateway_http_client
 from reinforge.runner.agent import Agent, AgentFunction, FunctionAgent, agent, as_agent, load_agent
 from reinforge.runner.command import REWARD_LINE_PREFIX, AgentProcessError, CommandAgent, CommandResult
 from reinforge.runner.llm import LLM, attempt_url
@@ -24,7 +25,7 @@ __all__ = [
     "CommandResult",
     "FlushError",
     "FunctionAgent",
-    "GatewayTransport",
+    "KeepAliveTransport",
     "Runner",
     "RunnerStats",
     "agent",

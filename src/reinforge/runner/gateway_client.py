@@ -4,9 +4,7 @@ together), flush an abandoned one.
 Why through the gateway: the gateway holds the attempt's LLM spans in its recorder and sits beside the
 store, so one request there can write the runner's spans with the gateway's, wait until all of them
 are stored, and finish the attempt. Finishing directly would cost three round trips per attempt
-(gateway flush, add_spans, finish_attempt). Plain-http gateways are reached with the keep-alive
-client the gateway itself uses upstream (a fraction of httpx's per-request CPU); https goes through
-httpx.
+(gateway flush, add_spans, finish_attempt).
 """
 
 from __future__ import annotations
@@ -14,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Sequence
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote
 
 import httpx
 
@@ -27,25 +25,34 @@ from reinforge.errors import (
     StoreUnavailableError,
 )
 from reinforge.finish_wire import MAX_FINISH_BATCH
-from reinforge.net.keepalive import HTTPConnectionError, KeepAliveClient
+from reinforge.net.keepalive_transport import KeepAliveTransport
 from reinforge.types import AttemptOutcome, Span
 
 
 class GatewayClient:
-    """Finishes and flushes attempts at the gateway `gateway_url` (signed with its `secret`)."""
+    """Finishes and flushes attempts at the gateway `gateway_url` (signed with its `secret`).
 
-    def __init__(self, gateway_url: str, secret: str, *, timeout_s: float = 60.0) -> None:
+    `transport` replaces the keep-alive transport (tests pass `httpx.MockTransport`)."""
+
+    def __init__(
+        self,
+        gateway_url: str,
+        secret: str,
+        *,
+        timeout_s: float = 60.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
         self.gateway_url = gateway_url.rstrip("/")
         self._secret = secret
         self.timeout_s = timeout_s
-        self._fast: KeepAliveClient | None = None
-        self._httpx: httpx.AsyncClient | None = None
+        self._http = httpx.AsyncClient(
+            base_url=self.gateway_url,
+            headers={"Content-Type": "application/json"},
+            timeout=httpx.Timeout(timeout_s, connect=10.0),
+            transport=transport or KeepAliveTransport(),
+        )
         self._finishing: list[tuple[str, bytes, asyncio.Future[None]]] = []
         self._finisher: asyncio.Task[None] | None = None
-        if urlsplit(self.gateway_url).scheme == "http":
-            self._fast = KeepAliveClient(self.gateway_url)
-        else:
-            self._httpx = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=10.0), trust_env=False)
 
     async def finish(self, attempt_id: str, outcome: AttemptOutcome, spans: Sequence[Span] = ()) -> None:
         """Record `spans`, flush the attempt's spans and finish it (see `Gateway.finish_attempt`).
@@ -151,22 +158,15 @@ class GatewayClient:
             raise _error(status, data, what)
 
     async def _request(self, path: str, body: bytes, token: str | None, what: str) -> tuple[int, bytes]:
-        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else None
         try:
-            if self._fast is not None:
-                return await self._fast.post(path, body, self.timeout_s, headers)
-            assert self._httpx is not None
-            headers["Content-Type"] = "application/json"
-            response = await self._httpx.post(self.gateway_url + path, content=body, headers=headers)
-            return response.status_code, response.content
-        except (HTTPConnectionError, OSError, TimeoutError, httpx.HTTPError) as e:
+            response = await self._http.post(path, content=body, headers=headers)
+        except httpx.HTTPError as e:
             raise StoreUnavailableError(f"{what} failed: {e!r}") from e
+        return response.status_code, response.content
 
     async def aclose(self) -> None:
-        if self._fast is not None:
-            self._fast.close()
-        if self._httpx is not None:
-            await self._httpx.aclose()
+        await self._http.aclose()
 
 
 def _settle(done: asyncio.Future[None], error: ReinforgeError | None) -> None:

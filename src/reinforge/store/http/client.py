@@ -1,17 +1,17 @@
 """`HttpStoreClient`: the `Store` protocol over HTTP, so user code can't tell local from remote.
 
 The server's error envelope is turned back into the same `reinforge.errors` class a local store
-raises; network failures become `StoreUnavailableError`. One pooled keep-alive `httpx.AsyncClient`
-serves every call. Waits longer than the server allows per call are split into several calls, each
-with an HTTP timeout longer than its wait.
+raises; network failures become `StoreUnavailableError`. One `httpx.AsyncClient` on reinforge's
+keep-alive transport serves every call, from any event loop. Waits longer than the server allows
+per call are split into several calls, each with an HTTP timeout longer than its wait.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
+import threading
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -22,7 +22,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from reinforge import errors
-from reinforge.net.keepalive import HTTPConnectionError, KeepAliveClient
+from reinforge.net.keepalive_transport import KeepAliveTransport
 from reinforge.store.http.adapters import (
     ADDED,
     ATTEMPT,
@@ -88,13 +88,10 @@ _ERRORS_BY_STATUS: dict[int, type[errors.ReinforgeError]] = {
 
 
 def error_from_response(response: httpx.Response) -> errors.ReinforgeError:
-    """The typed exception for an error response of the store server (or whatever answered)."""
-    return error_from_body(response.status_code, response.content, str(response.request.url))
-
-
-def error_from_body(status_code: int, content: bytes, url: str) -> errors.ReinforgeError:
-    """The typed exception for an error response: its `{"error": {"type", "message"}}` envelope
-    names the class; a body without one (a proxy's page) is classed by its status."""
+    """The typed exception for an error response of the store server (or whatever answered): its
+    `{"error": {"type", "message"}}` envelope names the class; a body without one (a proxy's page)
+    is classed by its status."""
+    status_code, content = response.status_code, response.content
     type_name, message = "", ""
     try:
         body = json.loads(content)
@@ -106,7 +103,7 @@ def error_from_body(status_code: int, content: bytes, url: str) -> errors.Reinfo
         pass
     if not message:
         text = content[:500].decode("utf-8", errors="replace")
-        message = f"HTTP {status_code} from {url}: {text}"
+        message = f"HTTP {status_code} from {response.request.url}: {text}"
     cls = _ERRORS_BY_NAME.get(type_name) or _ERRORS_BY_STATUS.get(status_code, errors.ReinforgeError)
     return cls(message)
 
@@ -142,21 +139,27 @@ class HttpStoreClient:
         self._connect_retries = connect_retries
         self._max_connections = max_connections
         self._transport = transport
-        # Connections, pools and semaphores belong to one event loop, and one client may serve
-        # several (the trainer's loop and the gateway's thread): each loop gets its own.
-        self._per_loop: dict[asyncio.AbstractEventLoop, _LoopClients] = {}
+        self._http = self._new_http()
+        self._http_lock = threading.Lock()
 
-    def _clients(self) -> _LoopClients:
-        loop = asyncio.get_running_loop()
-        clients = self._per_loop.get(loop)
-        if clients is None:
-            # `list(...)` copies at once: another thread may add its loop meanwhile.
-            for gone in [other for other in list(self._per_loop) if other.is_closed()]:
-                self._per_loop.pop(gone, None)  # its connections died with their loop
-            clients = self._per_loop[loop] = _LoopClients(
-                self.base_url, self._token, self._timeout, self._max_connections, self._transport
-            )
-        return clients
+    def _new_http(self) -> httpx.AsyncClient:
+        # The transport keeps connections per event loop: one client serves the trainer's loop and
+        # the gateway's thread alike. `max_connections` bounds each loop's connections.
+        return httpx.AsyncClient(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
+            timeout=httpx.Timeout(self._timeout, connect=10.0),
+            transport=self._transport or KeepAliveTransport(max_connections=self._max_connections),
+        )
+
+    def _client(self) -> httpx.AsyncClient:
+        http = self._http
+        if http.is_closed:  # closed earlier: a later call opens a fresh one, as a new client would
+            with self._http_lock:
+                if self._http.is_closed:
+                    self._http = self._new_http()
+                http = self._http
+        return http
 
     async def __aenter__(self) -> HttpStoreClient:
         return self
@@ -181,18 +184,17 @@ class HttpStoreClient:
         except PydanticSerializationError as exc:
             what = type(body).__name__
             raise errors.InvalidRequestError(f"{what} holds a value that is not JSON: {exc}") from exc
-        clients = self._clients()
-        if clients.lean is not None and method == "POST" and content is not None:
-            status, raw = await self._post_lean(clients, path, content, wait_seconds, idempotent)
-            if status >= 400:
-                raise error_from_body(status, raw, f"{self.base_url}{path}")
-            return adapter.validate_json(raw)
         # A long-poll may legitimately take `wait_seconds`; the read timeout must outlast it.
-        timeout = httpx.Timeout(self._timeout + wait_seconds, connect=10.0)
+        timeout = (
+            httpx.Timeout(self._timeout + wait_seconds, connect=10.0)
+            if wait_seconds
+            else httpx.USE_CLIENT_DEFAULT
+        )
+        http = self._client()
         attempt = 0
         while True:
             try:
-                response = await clients.http.request(method, path, content=content, timeout=timeout)
+                response = await http.request(method, path, content=content, timeout=timeout)
                 break
             except httpx.TransportError as exc:
                 # A refused connection never reached the server, so any call may be re-sent; a call
@@ -207,26 +209,6 @@ class HttpStoreClient:
         if response.status_code >= 400:
             raise error_from_response(response)
         return adapter.validate_json(response.content)
-
-    async def _post_lean(
-        self, clients: _LoopClients, path: str, content: bytes, wait_seconds: float, idempotent: bool
-    ) -> tuple[int, bytes]:
-        """One POST on the lean keep-alive client, re-sent on the same terms as over httpx."""
-        assert clients.lean is not None
-        attempt = 0
-        while True:
-            try:
-                async with clients.lean_slots:
-                    return await clients.lean.post(path, content, self._timeout + wait_seconds)
-            except (OSError, TimeoutError) as exc:
-                # OSError from connecting (refused, unreachable): the request never left. A
-                # connection that broke mid-call (HTTPConnectionError) may have been applied.
-                unsent = not isinstance(exc, HTTPConnectionError | TimeoutError)
-                retry = unsent or (idempotent and isinstance(exc, HTTPConnectionError))
-                if not retry or attempt >= self._connect_retries:
-                    raise self._unavailable("POST", path, exc) from exc
-                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
-                attempt += 1
 
     def _unavailable(self, method: str, path: str, exc: Exception) -> errors.StoreUnavailableError:
         problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -351,57 +333,14 @@ class HttpStoreClient:
     async def health(self) -> bool:
         """True when the server answers its health probe."""
         try:
-            response = await self._clients().http.get("/health")
+            response = await self._client().get("/health")
         except httpx.TransportError:
             return False
         return response.status_code == 200
 
     async def close(self) -> None:
         """Close this loop's connections, and ask any other loop still running to close its own."""
-        here = asyncio.get_running_loop()
-        for loop, clients in list(self._per_loop.items()):
-            if self._per_loop.pop(loop, None) is None:
-                continue  # another thread's close took it
-            if loop is here:
-                await clients.aclose()
-            elif not loop.is_closed():
-                with contextlib.suppress(RuntimeError):  # it closed meanwhile
-                    asyncio.run_coroutine_threadsafe(clients.aclose(), loop)
-
-
-class _LoopClients:
-    """One event loop's connections to the store: httpx for everything, and on plain http a lean
-    keep-alive client for the POSTs a runner makes for every rollout (lease, spans, finish,
-    heartbeat), at a fraction of httpx's CPU cost per call. A custom transport (tests, proxies)
-    keeps everything on httpx."""
-
-    def __init__(
-        self,
-        base_url: str,
-        token: str,
-        timeout_seconds: float,
-        max_connections: int,
-        transport: httpx.AsyncBaseTransport | None,
-    ) -> None:
-        self.http = httpx.AsyncClient(
-            base_url=base_url,
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-            timeout=httpx.Timeout(timeout_seconds, connect=10.0),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            transport=transport,
-        )
-        self.lean: KeepAliveClient | None = None
-        if transport is None and base_url.startswith("http://"):
-            self.lean = KeepAliveClient(
-                base_url, headers={"Authorization": f"Bearer {token}"}, max_idle=max_connections
-            )
-        # At most `max_connections` calls in flight on the lean client, as httpx's pool allows.
-        self.lean_slots = asyncio.Semaphore(max_connections)
-
-    async def aclose(self) -> None:
-        if self.lean is not None:
-            self.lean.close()
-        await self.http.aclose()
+        await self._http.aclose()
 
 
 def _non_negative(name: str, value: float) -> float:

@@ -1,5 +1,6 @@
-"""`GatewayTransport` / `gateway_http_client`: the real OpenAI SDK and httpx over reinforge's own
-HTTP/1.1 transport, against the real gateway on 127.0.0.1 and a few raw asyncio servers."""
+"""`gateway_http_client` / `KeepAliveTransport`: the real OpenAI SDK (on httpx2) and httpx over
+reinforge's own HTTP/1.1 transport, against the real gateway on 127.0.0.1 and a few raw asyncio
+servers."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from reinforge import semconv
 from reinforge.access import attempt_token
 from reinforge.inference import ScriptedBackend, ScriptedReply, ScriptedToolCall
-from reinforge.runner import GatewayTransport, gateway_http_client
+from reinforge.runner import KeepAliveTransport, gateway_http_client
 from reinforge.types import SpanQuery
 
 from .conftest import SECRET, Served, running_attempt, serve
@@ -41,8 +42,9 @@ def fast_client(served: Served, attempt_id: str, **kw: Any) -> openai.AsyncOpenA
     )
 
 
-def pooled(transport: GatewayTransport) -> int:
-    return sum(len(pool) for pool in transport._pools.values())
+def pooled(transport: KeepAliveTransport) -> int:
+    pool = transport._pools[asyncio.get_running_loop()]
+    return sum(len(origin.idle) for origin in pool.origins.values())
 
 
 async def test_chat_through_the_transport_matches_the_default_client(served: Served) -> None:
@@ -76,7 +78,7 @@ async def test_connections_are_kept_alive_and_shared(served: Served) -> None:
     for _ in range(5):
         await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}])
     transport = gateway_http_client()._transport
-    assert isinstance(transport, GatewayTransport)
+    assert isinstance(transport, KeepAliveTransport)
     assert pooled(transport) == 1  # five sequential calls, one connection
     # Concurrent calls open more connections, and all of them go back to the pool.
     await asyncio.gather(
@@ -127,7 +129,7 @@ async def test_gateway_errors_keep_their_status_and_message(served: Served) -> N
 
 
 async def test_plain_httpx_clients_work_too(served: Served) -> None:
-    async with httpx.AsyncClient(transport=GatewayTransport()) as client:  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=KeepAliveTransport()) as client:
         response = await client.get(f"{served.url}/health")
         assert response.status_code == 200
         assert response.json()["status"] == "ok"
@@ -168,7 +170,7 @@ async def test_a_connection_the_server_closed_is_replaced() -> None:
         writer.close()  # without "Connection: close": the client learns only from the socket
 
     async for url in raw_server(answer_once_then_close):
-        async with httpx.AsyncClient(transport=GatewayTransport()) as client:  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=KeepAliveTransport()) as client:
             for _ in range(3):
                 response = await client.post(url + "/x", content=b"body")
                 assert (response.status_code, response.text) == (200, "ok")
@@ -189,7 +191,7 @@ async def test_chunked_bodies_stream_as_they_arrive() -> None:
 
     async for url in raw_server(chunked):
         async with (
-            httpx.AsyncClient(transport=GatewayTransport()) as client,  # type: ignore[arg-type]
+            httpx.AsyncClient(transport=KeepAliveTransport()) as client,
             client.stream("GET", url) as response,
         ):
             parts = response.aiter_bytes()
@@ -204,9 +206,9 @@ async def test_timeouts_and_refused_connections_raise_httpx_errors() -> None:
         await asyncio.sleep(5)
 
     async for url in raw_server(silent):
-        async with httpx.AsyncClient(transport=GatewayTransport(), timeout=0.2) as client:  # type: ignore[arg-type]
+        async with httpx.AsyncClient(transport=KeepAliveTransport(), timeout=0.2) as client:
             with pytest.raises(httpx.ReadTimeout):
                 await client.get(url)
-    async with httpx.AsyncClient(transport=GatewayTransport()) as client:  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=KeepAliveTransport()) as client:
         with pytest.raises(httpx.ConnectError):
             await client.get("http://127.0.0.1:9/")  # the discard port: nothing listens

@@ -1,4 +1,5 @@
-"""The gateway's keep-alive client against real sockets: reuse, chunked bodies, servers that close."""
+"""`KeepAliveTransport` under `httpx.AsyncClient` against real sockets: reuse, chunked bodies, servers
+that close or go silent, connection limits, loops in two threads."""
 
 from __future__ import annotations
 
@@ -8,9 +9,21 @@ import threading
 import time
 from collections.abc import AsyncIterator
 
+import httpx
 import pytest
 
-from reinforge.net.keepalive import HTTPConnectionError, KeepAliveClient
+from reinforge.net.keepalive_transport import KeepAliveTransport
+
+
+def keepalive_client(url: str, **kwargs: object) -> httpx.AsyncClient:
+    return httpx.AsyncClient(base_url=url, transport=KeepAliveTransport(), **kwargs)  # type: ignore[arg-type]
+
+
+async def post(
+    client: httpx.AsyncClient, body: bytes, timeout: float = 5, path: str = "/"
+) -> tuple[int, bytes]:
+    response = await client.post(path, content=body, timeout=timeout)
+    return response.status_code, response.content
 
 
 class RawServer:
@@ -54,15 +67,15 @@ async def raw() -> AsyncIterator[tuple[RawServer, str]]:
 
 async def test_connections_are_reused(raw: tuple[RawServer, str]) -> None:
     server, url = raw
-    client = KeepAliveClient(url, {"Authorization": "Bearer k"})
-    for n in range(5):
-        status, body = await client.post("/v1/x", json.dumps({"n": n}).encode(), timeout=5)
-        assert (status, json.loads(body)) == (200, {"ok": True})
+    async with keepalive_client(url, headers={"Authorization": "Bearer k"}) as client:
+        for n in range(5):
+            status, body = await post(client, json.dumps({"n": n}).encode(), path="/v1/x")
+            assert (status, json.loads(body)) == (200, {"ok": True})
     assert server.connections == 1
     assert server.requests[0].startswith(b"POST /v1/x HTTP/1.1\r\n")
     assert b"Authorization: Bearer k\r\n" in server.requests[0]
+    assert b"Content-Length: 8\r\n" in server.requests[4]
     assert server.requests[4].endswith(b'{"n": 4}')
-    client.close()
 
 
 async def test_chunked_bodies_and_closing_servers() -> None:
@@ -73,25 +86,46 @@ async def test_chunked_bodies_and_closing_servers() -> None:
     server = RawServer(chunked, close_after=True)
     listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
     url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
-    client = KeepAliveClient(url)
-    for _ in range(3):  # each answer closes its connection; the next request opens a fresh one
-        assert await client.post("/", b"{}", timeout=5) == (502, b"hello world")
-    assert server.connections == 3
-    listener.close()
-    await listener.wait_closed()
-    with pytest.raises(OSError):
-        await client.post("/", b"{}", timeout=5)
+    async with keepalive_client(url) as client:
+        for _ in range(3):  # each answer closes its connection; the next request opens a fresh one
+            assert await post(client, b"{}") == (502, b"hello world")
+        assert server.connections == 3
+        listener.close()
+        await listener.wait_closed()
+        with pytest.raises(httpx.ConnectError, match="can't connect"):
+            await post(client, b"{}")
 
 
 async def test_a_truncated_response_is_an_error() -> None:
     server = RawServer(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort", close_after=True)
     listener = await asyncio.start_server(server.handle, "127.0.0.1", 0)
-    client = KeepAliveClient(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}")
-    with pytest.raises(HTTPConnectionError, match="closed before the response was complete"):
-        await client.post("/", b"{}", timeout=5)
+    async with keepalive_client(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}") as client:
+        with pytest.raises(httpx.RemoteProtocolError, match="closed before the response was complete"):
+            await post(client, b"{}")
     listener.close()
-    with pytest.raises(ValueError, match="plain http"):
-        KeepAliveClient("https://example.invalid")
+
+
+async def test_a_connection_closed_before_any_reply_is_a_protocol_error() -> None:
+    """A connection that dies with the request in flight fails the call (it may have been applied:
+    re-sending is the caller's choice); the next call connects afresh."""
+    calls = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal calls
+        calls += 1
+        head = await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+        if calls > 1:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+        writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    async with keepalive_client(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}") as client:
+        with pytest.raises(httpx.RemoteProtocolError, match="closed before the response was complete"):
+            await post(client, b"{}")
+        assert await post(client, b"{}") == (200, b"ok")
+    listener.close()
 
 
 async def test_a_silent_server_times_out_and_the_next_call_reconnects() -> None:
@@ -116,15 +150,15 @@ async def test_a_silent_server_times_out_and_the_next_call_reconnects() -> None:
             writer.close()
 
     listener = await asyncio.start_server(handle, "127.0.0.1", 0)
-    client = KeepAliveClient(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}")
+    client = keepalive_client(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}")
     loop = asyncio.get_running_loop()
     started = loop.time()
-    with pytest.raises(TimeoutError):
-        await client.post("/", b"{}", timeout=0.2)
+    with pytest.raises(httpx.ReadTimeout):
+        await post(client, b"{}", timeout=0.2)
     assert 0.15 < loop.time() - started < 2.0
-    assert await client.post("/", b"{}", timeout=5) == (200, b"ok")
+    assert await post(client, b"{}") == (200, b"ok")
     assert answered == 1
-    client.close()
+    await client.aclose()
     listener.close()
     await listener.wait_closed()
     await asyncio.sleep(0.05)  # the handlers see the client's close and close their side
@@ -148,21 +182,19 @@ async def test_each_call_times_out_at_its_own_deadline() -> None:
             writer.close()
 
     listener = await asyncio.start_server(handle, "127.0.0.1", 0)
-    client = KeepAliveClient(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}")
+    client = keepalive_client(f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}")
     loop = asyncio.get_running_loop()
-    assert await client.post("/", b"answer", timeout=30) == (200, b"ok")  # its timer is set 30 s out
+    assert await post(client, b"answer", timeout=30) == (200, b"ok")  # its timer is set 30 s out
     started = loop.time()
-    later, sooner, last = (
-        asyncio.create_task(client.post("/", b"silent", timeout=t)) for t in (0.6, 0.2, 30)
-    )
+    later, sooner, last = (asyncio.create_task(post(client, b"silent", timeout=t)) for t in (0.6, 0.2, 30))
     for call, timeout, by in ((sooner, 0.2, 0.55), (later, 0.6, 1.6)):  # sooner: before `later`'s
-        with pytest.raises(TimeoutError):
+        with pytest.raises(httpx.ReadTimeout):
             await call
         assert timeout - 0.05 < loop.time() - started < by
     assert not last.done()
-    assert await client.post("/", b"answer", timeout=5) == (200, b"ok")
+    assert await post(client, b"answer") == (200, b"ok")
     last.cancel()
-    client.close()
+    await client.aclose()
     listener.close()
     await listener.wait_closed()
     await asyncio.sleep(0.05)
@@ -217,14 +249,15 @@ class _EchoServer:
 def test_one_client_serves_loops_in_two_threads_at_once() -> None:
     """Each loop gets its own pool: every call gets its own reply back, whichever loop made it."""
     server = _EchoServer()
-    client = KeepAliveClient(server.url)
+    transport = KeepAliveTransport()
+    client = httpx.AsyncClient(base_url=server.url, transport=transport)
     errors: list[BaseException] = []
     barrier = threading.Barrier(2)
 
     async def calls(tag: str) -> list[bytes]:
         barrier.wait(10)  # both loops are calling at the same time
         bodies = [f"{tag}-{n}".encode() for n in range(60)]
-        replies = await asyncio.gather(*(client.post("/", b, timeout=10) for b in bodies))
+        replies = await asyncio.gather(*(post(client, b, timeout=10) for b in bodies))
         assert replies == [(200, b) for b in bodies]
         return bodies
 
@@ -241,35 +274,108 @@ def test_one_client_serves_loops_in_two_threads_at_once() -> None:
         for t in threads:
             t.join(30)
         assert not errors, errors
-        assert len(client._pools) == 2
+        assert len(transport._pools) == 2
         # Both loops are closed now: the next loop's first call drops their pools.
-        assert asyncio.run(client.post("/", b"c", timeout=10)) == (200, b"c")
-        assert len(client._pools) == 1
+        assert asyncio.run(post(client, b"c", timeout=10)) == (200, b"c")
+        assert len(transport._pools) == 1
     finally:
-        client.close()
+        asyncio.run(client.aclose())
         server.stop()
 
 
 def test_close_reaches_a_pool_whose_loop_runs_in_another_thread() -> None:
     server = _EchoServer()
-    client = KeepAliveClient(server.url)
+    transport = KeepAliveTransport()
+    client = httpx.AsyncClient(base_url=server.url, transport=transport)
     other = asyncio.new_event_loop()
     worker = threading.Thread(target=other.run_forever, daemon=True)
     worker.start()
     try:
-        done = asyncio.run_coroutine_threadsafe(client.post("/", b"x", timeout=10), other)
+        done = asyncio.run_coroutine_threadsafe(post(client, b"x", timeout=10), other)
         assert done.result(10) == (200, b"x")
-        pool = client._pools[other]
-        assert len(pool.idle) == 1
-        conn = pool.idle[0]
-        client.close()  # from this thread, while `other` runs: scheduled on `other`
+        pool = transport._pools[other]
+        (origin,) = pool.origins.values()
+        assert len(origin.idle) == 1
+        conn = origin.idle[0]
+        asyncio.run(client.aclose())  # from this thread's loop, while `other` runs: scheduled on `other`
         deadline = time.monotonic() + 10
         while not conn.closed:
             assert time.monotonic() < deadline
             time.sleep(0.01)
-        assert client._pools == {} and pool.idle == []
+        assert transport._pools == {} and pool.origins == {} and origin.idle == []
     finally:
         other.call_soon_threadsafe(other.stop)
         worker.join(10)
         other.close()
         server.stop()
+
+
+async def test_max_connections_bounds_a_loops_connections_to_an_origin() -> None:
+    """Calls beyond the bound wait for a connection to come free (up to the pool timeout) instead of
+    opening another."""
+    release = asyncio.Event()
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                body = await reader.readexactly(int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]))
+                await release.wait()
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    async with httpx.AsyncClient(base_url=url, transport=KeepAliveTransport(max_connections=2)) as client:
+        calls = [asyncio.create_task(post(client, b"%d" % n)) for n in range(6)]
+        await asyncio.sleep(0.2)
+        with pytest.raises(httpx.PoolTimeout):
+            await client.post("/", content=b"late", timeout=httpx.Timeout(5, pool=0.1))
+        release.set()
+        assert await asyncio.gather(*calls) == [(200, b"%d" % n) for n in range(6)]
+    assert connections == 2
+    listener.close()
+    await listener.wait_closed()
+
+
+async def test_a_stalled_stream_times_out_and_a_stream_left_early_frees_its_connection() -> None:
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert b"Transfer-Encoding: chunked" in head
+                assert await reader.readuntil(b"0\r\n\r\n") == b"4\r\nup!!\r\n0\r\n\r\n"
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nfirst\r\n")
+                await writer.drain()  # and the rest never comes
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        finally:
+            writer.close()
+
+    async def upload() -> AsyncIterator[bytes]:
+        yield b"up"
+        yield b"!!"
+
+    listener = await asyncio.start_server(handle, "127.0.0.1", 0)
+    url = f"http://127.0.0.1:{listener.sockets[0].getsockname()[1]}"
+    transport = KeepAliveTransport(max_connections=1)
+    async with httpx.AsyncClient(base_url=url, transport=transport, timeout=0.3) as client:
+        async with client.stream("POST", "/", content=upload()) as response:
+            parts = response.aiter_bytes()
+            assert await parts.__anext__() == b"first"
+            with pytest.raises(httpx.ReadTimeout):
+                await parts.__anext__()
+        async with client.stream("POST", "/", content=upload()) as response:
+            assert await response.aiter_bytes().__anext__() == b"first"
+        # Left with its body unread: its connection is closed, and the one slot is free again.
+        (origin,) = transport._pools[asyncio.get_running_loop()].origins.values()
+        assert origin.busy == 0 and origin.idle == []
+    listener.close()
+    await listener.wait_closed()
