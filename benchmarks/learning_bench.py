@@ -56,7 +56,16 @@ from reinforge.demo.run import DemoSettings
 from reinforge.demo.tasks import train_tasks, val_tasks
 from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build_warm_start, load_warm_start
 from reinforge.store.factory import open_store
-from reinforge.training import Trainer, TrainerConfig
+from reinforge.training import (
+    CheckpointSettings,
+    EngineSettings,
+    OptimSettings,
+    RolloutSettings,
+    RunnerSettings,
+    ScheduleSettings,
+    Trainer,
+    TrainerConfig,
+)
 from reinforge.training.rollouts import collect_transitions
 from reinforge.types import MAX_PAGE_SIZE, RolloutMode, RolloutQuery
 
@@ -116,19 +125,15 @@ def run_variant(variant: Variant, warm: Path, args: argparse.Namespace, out_dir:
         credit=CreditConfig(mode=variant.mode, assignment=variant.assignment),
         config=TrainerConfig(
             run_dir=run_dir,
-            max_steps=args.steps,
-            tasks_per_step=args.tasks_per_step,
-            learning_rate=args.learning_rate,
-            val_every=0,
-            val_greedy=not args.no_greedy,
-            checkpoint_every=0,
-            # The demo's serving settings (reinforge.demo.run), so the runs match `reinforge demo`.
-            max_tokens=48,
-            engine_max_batch_size=128,
-            runner_concurrency=128,
             seed=args.seed,
-            resume=False,
             progress=False,
+            optim=OptimSettings(learning_rate=args.learning_rate),
+            # The demo's serving settings (reinforge.demo.run), so the runs match `reinforge demo`.
+            rollouts=RolloutSettings(tasks_per_step=args.tasks_per_step, max_tokens=48),
+            runners=RunnerSettings(concurrency=128),
+            engine=EngineSettings(max_batch_size=128),
+            schedule=ScheduleSettings(max_steps=args.steps, val_every=0, val_greedy=not args.no_greedy),
+            checkpoints=CheckpointSettings(every=0, resume=False),
         ),
     )
     started = time.monotonic()

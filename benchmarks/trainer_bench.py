@@ -12,9 +12,9 @@ its chat call over HTTP to the gateway (the OpenAI-compatible API, through reinf
 transport) → embedded engine, spans recorded in the store (SQLite), runners leasing from the
 store, credit/ → GRPO advantages → `Policy.update` → weights published to the engine. The agents
 run in `--runner-processes` (default 2) `reinforge runner` children
-(`TrainerConfig.runner_processes`: the agents' own Python then runs beside the trainer's instead of
+(`TrainerConfig.runners.processes`: the agents' own Python then runs beside the trainer's instead of
 under its interpreter lock); `--runner-processes 0` runs them in the trainer's process. The engine
-runs in its own process (`--engine-process on`, `TrainerConfig.engine_process`): with the agents in
+runs in its own process (`--engine-process on`, `TrainerConfig.engine.process`): with the agents in
 runner processes, the trainer's process otherwise sits at one core under its interpreter lock. The
 runners have room for two steps' rollouts, so that `Trainer.fit`'s default `prefetch_rollouts`
 starts the next step's agents while this step generates (their calls wait at the gateway for the
@@ -87,7 +87,17 @@ from reinforge.engine.engine_backend import TURN_MARKERS  # noqa: E402
 from reinforge.inference.contract import SamplingParams  # noqa: E402
 from reinforge.runner import LLM, agent, gateway_http_client  # noqa: E402
 from reinforge.store.factory import open_store  # noqa: E402
-from reinforge.training import Policy, Trainer, TrainerConfig  # noqa: E402
+from reinforge.training import (  # noqa: E402
+    CheckpointSettings,
+    EngineSettings,
+    OptimSettings,
+    Policy,
+    RolloutSettings,
+    RunnerSettings,
+    ScheduleSettings,
+    Trainer,
+    TrainerConfig,
+)
 from reinforge.types import SpanQuery, Transition  # noqa: E402
 
 TRL_PYTHON = ROOT / ".bench" / "trl-venv" / "bin" / "python"
@@ -230,25 +240,24 @@ def run_reinforge(
         credit=CreditConfig(),
         config=TrainerConfig(
             run_dir=run_dir,
-            max_steps=100_000,
-            max_minutes=args.seconds / 60,
-            tasks_per_step=args.prompts_per_step,
-            learning_rate=args.learning_rate,
-            temperature=1.0,
-            max_tokens=args.max_tokens,
-            val_every=0,
-            checkpoint_every=0,
-            engine_max_batch_size=args.prompts_per_step * args.group_size,
-            runner_concurrency=-(
-                -2 * args.prompts_per_step * args.group_size // max(args.runner_processes, 1)
-            ),
-            runner_processes=args.runner_processes,
-            progress=False,
-            resume=False,
             seed=args.seed,
-            overlap_rollouts=overlap,
-            engine_process=args.engine_process == "on",
-            **({} if args.runner_nice is None else {"runner_processes_nice": args.runner_nice}),
+            progress=False,
+            optim=OptimSettings(learning_rate=args.learning_rate),
+            rollouts=RolloutSettings(
+                tasks_per_step=args.prompts_per_step, temperature=1.0, max_tokens=args.max_tokens
+            ),
+            runners=RunnerSettings(
+                concurrency=-(-2 * args.prompts_per_step * args.group_size // max(args.runner_processes, 1)),
+                processes=args.runner_processes,
+                **({} if args.runner_nice is None else {"processes_nice": args.runner_nice}),
+            ),
+            engine=EngineSettings(
+                max_batch_size=args.prompts_per_step * args.group_size, process=args.engine_process == "on"
+            ),
+            schedule=ScheduleSettings(
+                max_steps=100_000, max_minutes=args.seconds / 60, val_every=0, overlap_rollouts=overlap
+            ),
+            checkpoints=CheckpointSettings(every=0, resume=False),
         ),
     )
     with MetricsCpuSampler(run_dir / "metrics.jsonl") as cpu:
@@ -258,7 +267,7 @@ def run_reinforge(
     return {
         "step_ends": [float(r["time/rl_s"]) for r in steps],
         "rewards": [float(r["train/reward"]) for r in steps],
-        "rollout_s": sum(float(r["time/rollout_s"]) for r in steps),
+        "rollout_s": sum(float(r["time/enqueue_s"]) + float(r["time/collect_s"]) for r in steps),
         "update_s": sum(float(r["time/update_s"]) for r in steps),
         "recorded_prompt": recorded_prompt,
         "model": trainer.model,
@@ -340,7 +349,10 @@ async def _core(
 ) -> dict[str, Any]:
     algorithm = GRPO(group_size=args.group_size)
     policy = Policy(
-        model, algorithm, pad_token_id=int(tokenizer.pad_token_id), learning_rate=args.learning_rate
+        model,
+        algorithm,
+        OptimSettings(learning_rate=args.learning_rate),
+        pad_token_id=int(tokenizer.pad_token_id),
     )
     batch = args.prompts_per_step * args.group_size
     engine = Engine(
@@ -512,19 +524,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--runner-processes",
         type=int,
         default=2,
-        help="reinforge's TrainerConfig.runner_processes (0: agents in the trainer's process)",
+        help="reinforge's TrainerConfig.runners.processes (0: agents in the trainer's process)",
     )
     parser.add_argument(
         "--runner-nice",
         type=int,
         default=None,
-        help="reinforge's TrainerConfig.runner_processes_nice (default: the Trainer's)",
+        help="reinforge's TrainerConfig.runners.processes_nice (default: the Trainer's)",
     )
     parser.add_argument(
         "--engine-process",
         choices=["on", "off"],
         default="on",
-        help="reinforge's TrainerConfig.engine_process: the engine in its own child process",
+        help="reinforge's TrainerConfig.engine.process: the engine in its own child process",
     )
     parser.add_argument(
         "--trl-threads", type=int, default=2, help="torch threads of the TRL side (default: both cores)"

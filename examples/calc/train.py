@@ -15,7 +15,15 @@ from reinforge.credit import CreditConfig
 from reinforge.demo.agent import calc_agent
 from reinforge.demo.tasks import train_tasks, val_tasks
 from reinforge.demo.warm_start import load_warm_start
-from reinforge.training import Trainer
+from reinforge.training import (
+    CheckpointSettings,
+    EngineSettings,
+    OptimSettings,
+    RolloutSettings,
+    RunnerSettings,
+    ScheduleSettings,
+    Trainer,
+)
 
 
 def main() -> None:
@@ -32,16 +40,12 @@ def main() -> None:
         algorithm=GRPO(group_size=8, loss_agg="seq-mean-token-mean"),
         credit=CreditConfig(mode="merged", assignment="equal+air"),
         run_dir=args.run_dir,
-        max_minutes=args.minutes,
-        max_steps=400,
-        tasks_per_step=16,
-        learning_rate=5e-4,
-        lr_schedule="linear",
-        max_tokens=48,
-        engine_max_batch_size=128,
-        runner_concurrency=128,
-        runner_processes=2,
-        checkpoint_every=5,
+        optim=OptimSettings(learning_rate=5e-4, lr_schedule="linear"),
+        rollouts=RolloutSettings(tasks_per_step=16, max_tokens=48),
+        runners=RunnerSettings(concurrency=128, processes=2),
+        engine=EngineSettings(max_batch_size=128),
+        schedule=ScheduleSettings(max_steps=400, max_minutes=args.minutes),
+        checkpoints=CheckpointSettings(every=5),
     )
     result = trainer.fit(calc_agent, train_tasks(), val_tasks())
     print(f"held-out success before {result.val_before} after {result.val_after}")

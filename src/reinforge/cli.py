@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import typer
 
+from reinforge.demo.cli import demo_command
 from reinforge.runner.cli import runner_command
 from reinforge.store.cli import store_app
-from reinforge.training.cli import demo_command, train_command
+from reinforge.training.cli import train_command
 
 app = typer.Typer(no_args_is_help=True, help="Train any AI agent with reinforcement learning.")
 app.add_typer(store_app, name="store")

@@ -18,7 +18,7 @@ from reinforge.algorithms import (
     policy_loss,
 )
 from reinforge.errors import InvalidRequestError
-from reinforge.training.config import LoraSettings
+from reinforge.training.config import LoraSettings, OptimSettings
 from reinforge.training.policy import Policy
 from reinforge.types import Transition
 
@@ -67,7 +67,9 @@ def test_update_raises_rewarded_and_lowers_unrewarded_responses(tokenizer: Any) 
     model = small_model(tokenizer)
     batch = transitions(model, tokenizer.pad_token_id)
     before = [seq_logprob(model, t) for t in batch]
-    policy = Policy(model, GRPO(group_size=8), pad_token_id=tokenizer.pad_token_id, learning_rate=1e-2)
+    policy = Policy(
+        model, GRPO(group_size=8), OptimSettings(learning_rate=1e-2), pad_token_id=tokenizer.pad_token_id
+    )
     metrics = policy.update(batch)
     after = [seq_logprob(policy.model, t) for t in batch]
     up = [a - b for a, b, t in zip(after, before, batch, strict=True) if t.advantage > 0]  # type: ignore[operator]
@@ -86,9 +88,8 @@ def test_micro_batching_gives_the_same_gradient(tokenizer: Any) -> None:
         policy = Policy(
             copy.deepcopy(model),
             GRPO(group_size=12),
+            OptimSettings(learning_rate=1e-3, micro_batch_tokens=budget),
             pad_token_id=0,
-            learning_rate=1e-3,
-            micro_batch_tokens=budget,
         )
         counts.append(policy.update(batch)["update/micro_batches"])
         # update() leaves the accumulated gradient of its last epoch on the parameters.
@@ -104,9 +105,10 @@ def test_lora_trains_adapters_and_publishes_merged_base_weights(tokenizer: Any) 
     policy = Policy(
         model,
         GRPO(group_size=8),
+        OptimSettings(
+            learning_rate=5e-2, lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+        ),
         pad_token_id=0,
-        learning_rate=5e-2,
-        lora=LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"]),
     )
     trainable = [n for n, p in policy.model.named_parameters() if p.requires_grad]
     assert trainable and all("lora_" in n for n in trainable)
@@ -120,16 +122,15 @@ def test_lora_trains_adapters_and_publishes_merged_base_weights(tokenizer: Any) 
         Policy(
             small_model(tokenizer),
             GRPO(),
+            OptimSettings(learning_rate=1e-3, lora=LoraSettings(target_modules=["nope"])),
             pad_token_id=0,
-            learning_rate=1e-3,
-            lora=LoraSettings(target_modules=["nope"]),
         )
 
 
 def test_kl_to_the_reference_is_reported(tokenizer: Any) -> None:
     model = small_model(tokenizer)
     batch = transitions(model, tokenizer.pad_token_id)
-    policy = Policy(model, GRPO(group_size=8, kl_coef=0.1), pad_token_id=0, learning_rate=1e-2)
+    policy = Policy(model, GRPO(group_size=8, kl_coef=0.1), OptimSettings(learning_rate=1e-2), pad_token_id=0)
     first = policy.update(batch)
     second = policy.update(batch)
     assert first["kl/ref"] == pytest.approx(0.0, abs=1e-6)
@@ -139,7 +140,7 @@ def test_kl_to_the_reference_is_reported(tokenizer: Any) -> None:
 def test_ppo_trains_its_value_head(tokenizer: Any) -> None:
     model = small_model(tokenizer)
     batch = transitions(model, tokenizer.pad_token_id)
-    policy = Policy(model, PPO(), pad_token_id=0, learning_rate=1e-2)
+    policy = Policy(model, PPO(), OptimSettings(learning_rate=1e-2), pad_token_id=0)
     values = policy.values(batch)
     assert values == [0.0] * len(batch)  # the head starts at zero
     returns = [t.reward for t in batch]
@@ -154,7 +155,7 @@ def test_update_refuses_transitions_without_advantages(tokenizer: Any) -> None:
     model = small_model(tokenizer)
     batch = transitions(model, tokenizer.pad_token_id)
     batch[0].advantage = None
-    policy = Policy(model, GRPO(), pad_token_id=0, learning_rate=1e-3)
+    policy = Policy(model, GRPO(), OptimSettings(learning_rate=1e-3), pad_token_id=0)
     with pytest.raises(InvalidRequestError):
         policy.update(batch)
 
@@ -171,7 +172,9 @@ def test_rows_without_signal_skip_the_forward_and_leave_the_gradient(tokenizer: 
     model = small_model(tokenizer)
     algo = GRPO(group_size=8)
     batch = transitions(model, tokenizer.pad_token_id) + flat_group(model, tokenizer.pad_token_id)
-    policy = Policy(copy.deepcopy(model), algo, pad_token_id=0, learning_rate=1e-3, max_grad_norm=None)
+    policy = Policy(
+        copy.deepcopy(model), algo, OptimSettings(learning_rate=1e-3, max_grad_norm=None), pad_token_id=0
+    )
     metrics = policy.update(batch)
     assert metrics["update/rows_without_signal"] == 8
     assert metrics["tokens"] == sum(len(t.response_ids) for t in batch)
@@ -203,8 +206,12 @@ def test_an_all_flat_batch_still_takes_the_optimiser_step(tokenizer: Any) -> Non
     model = small_model(tokenizer)
     pad = tokenizer.pad_token_id
     signal, flat = transitions(model, pad), flat_group(model, pad)
-    policy = Policy(copy.deepcopy(model), GRPO(group_size=8), pad_token_id=0, learning_rate=1e-2)
-    by_hand = Policy(copy.deepcopy(model), GRPO(group_size=8), pad_token_id=0, learning_rate=1e-2)
+    policy = Policy(
+        copy.deepcopy(model), GRPO(group_size=8), OptimSettings(learning_rate=1e-2), pad_token_id=0
+    )
+    by_hand = Policy(
+        copy.deepcopy(model), GRPO(group_size=8), OptimSettings(learning_rate=1e-2), pad_token_id=0
+    )
     policy.update(signal)
     by_hand.update(signal)
     after_signal = [p.detach().clone() for p in policy.model.parameters()]
@@ -222,8 +229,12 @@ def test_the_optimiser_is_fused_and_steps_as_plain_adamw(tokenizer: Any) -> None
     """AdamW's fused kernel (one call for every parameter) moves the weights as plain AdamW does on
     the same gradients, and stays fused after loading a checkpoint written by an unfused optimiser."""
     model = small_model(tokenizer)
-    fused = Policy(copy.deepcopy(model), GRPO(group_size=8), pad_token_id=0, learning_rate=1e-2)
-    plain = Policy(copy.deepcopy(model), GRPO(group_size=8), pad_token_id=0, learning_rate=1e-2)
+    fused = Policy(
+        copy.deepcopy(model), GRPO(group_size=8), OptimSettings(learning_rate=1e-2), pad_token_id=0
+    )
+    plain = Policy(
+        copy.deepcopy(model), GRPO(group_size=8), OptimSettings(learning_rate=1e-2), pad_token_id=0
+    )
     plain.optimizer = torch.optim.AdamW(plain.model.parameters(), lr=1e-2, weight_decay=0.0)
     assert fused.optimizer.param_groups[0]["fused"] is True
     assert plain.optimizer.param_groups[0]["fused"] is None
@@ -244,7 +255,9 @@ def test_the_optimiser_is_fused_and_steps_as_plain_adamw(tokenizer: Any) -> None
         step_both(fused, plain)
     moved = zip(fused.model.parameters(), model.parameters(), strict=True)
     assert any(not torch.equal(a, b) for a, b in moved)
-    resumed = Policy(copy.deepcopy(model), GRPO(group_size=8), pad_token_id=0, learning_rate=1e-2)
+    resumed = Policy(
+        copy.deepcopy(model), GRPO(group_size=8), OptimSettings(learning_rate=1e-2), pad_token_id=0
+    )
     resumed.load_state_dict(copy.deepcopy(plain.state_dict()))  # as from disk: no shared tensors
     assert resumed.optimizer.param_groups[0]["fused"] is True
     step_both(resumed, plain)

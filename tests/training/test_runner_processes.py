@@ -1,4 +1,4 @@
-"""Trainer.fit with `runner_processes`: agents in `reinforge runner` children, found by name."""
+"""Trainer.fit with `runners.processes`: agents in `reinforge runner` children, found by name."""
 
 from __future__ import annotations
 
@@ -89,25 +89,25 @@ def _alive(pid: int) -> bool:
 
 
 def test_fit_runs_agents_in_runner_processes(tokenizer: Any, tmp_path: Path, monkeypatch: Any) -> None:
-    from reinforge.training import spine as spine_module
+    from reinforge.training import rollout_stack
 
     started: list[Any] = []
-    real_start = spine_module.Spine.start
+    real_start = rollout_stack.RolloutStack.start
 
     niceness: list[int] = []
 
     async def remember(self: Any, *args: Any, **kwargs: Any) -> Any:
         started.append(self)
-        spine = await real_start(self, *args, **kwargs)
-        niceness.extend(os.getpriority(os.PRIO_PROCESS, pid) for pid in spine.runner_pids)
-        return spine
+        stack = await real_start(self, *args, **kwargs)
+        niceness.extend(os.getpriority(os.PRIO_PROCESS, pid) for pid in stack.runner_pids)
+        return stack
 
-    monkeypatch.setattr(spine_module.Spine, "start", remember)
+    monkeypatch.setattr(rollout_stack.RolloutStack, "start", remember)
     trainer = Trainer(
         small_model(tokenizer),
         tokenizer,
         algorithm=GRPO(group_size=4),
-        config=config(tmp_path, runner_processes=2, runner_concurrency=4, checkpoint_every=0),
+        config=config(tmp_path, runners={"processes": 2, "concurrency": 4}, checkpoints={"every": 0}),
     )
     result = trainer.fit(parity_agent, TRAIN)
 
@@ -122,7 +122,7 @@ def test_fit_runs_agents_in_runner_processes(tokenizer: Any, tmp_path: Path, mon
     # summary (a child still importing when two tiny steps are over ends without one).
     pids = started[0].runner_pids
     assert len(pids) == 2 and not any(_alive(pid) for pid in pids)
-    # The children ran at a lower CPU priority than the trainer (runner_processes_nice, default 10).
+    # The children ran at a lower CPU priority than the trainer (runners.processes_nice, default 10).
     assert niceness == [min(os.getpriority(os.PRIO_PROCESS, 0) + 10, 19)] * 2
     logs = [(tmp_path / "logs" / f"runner-{i}.log").read_text() for i in range(2)]
     leased = [int(m) for log in logs for m in re.findall(r"runner done: leased (\d+)", log)]
@@ -134,7 +134,9 @@ def test_a_dead_runner_process_fails_the_step_at_once(tokenizer: Any, tmp_path: 
         small_model(tokenizer),
         tokenizer,
         algorithm=GRPO(group_size=2),
-        config=config(tmp_path, runner_processes=1, runner_concurrency=2, step_timeout_s=300.0),
+        config=config(
+            tmp_path, runners={"processes": 1, "concurrency": 2}, rollouts={"step_timeout_s": 300.0}
+        ),
     )
     began = time.monotonic()
     with pytest.raises(RuntimeError, match=r"runner process 0 \(pid \d+\) exited with code 3"):
@@ -147,7 +149,7 @@ def test_fit_refuses_an_agent_it_cannot_start_elsewhere(tokenizer: Any, tmp_path
         small_model(tokenizer),
         tokenizer,
         algorithm=GRPO(group_size=2),
-        config=config(tmp_path, runner_processes=1),
+        config=config(tmp_path, runners={"processes": 1}),
     )
     with pytest.raises(InvalidRequestError, match="module level"):
         trainer.fit(lambda task, llm: 1.0, TRAIN)

@@ -11,7 +11,13 @@ from typer.testing import CliRunner
 
 from reinforge.cli import app
 from reinforge.errors import InvalidRequestError
-from reinforge.training.run_config import load_dataset, load_run_config
+from reinforge.training.run_config import (
+    BUILTIN_CALC,
+    BUILTIN_MODELS,
+    load_dataset,
+    load_model,
+    load_run_config,
+)
 
 from .conftest import small_model
 
@@ -55,12 +61,15 @@ group_size = 2
 mode = "per_call"
 [trainer]
 run_dir = "out"
+progress = false
+[trainer.schedule]
 max_steps = 1
+[trainer.rollouts]
 tasks_per_step = 2
 max_tokens = 4
-engine_max_batch_size = 8
-engine_max_seq_len = 128
-progress = false
+[trainer.engine]
+max_batch_size = 8
+max_seq_len = 128
 {extra}
 """
     )
@@ -96,6 +105,44 @@ def test_bad_config_files_are_clear_errors(tokenizer: Any, tmp_path: Path) -> No
         load_run_config(tmp_path / "two.toml")
 
 
+def test_a_flat_trainer_table_names_the_sub_tables(tokenizer: Any, tmp_path: Path) -> None:
+    """A file written before the trainer's settings were grouped is refused, not half-read."""
+    config = write_run(tmp_path, tokenizer)
+    text = config.read_text().replace("[trainer]\n", "[trainer]\nlearning_rate = 0.1\nrunner_processes = 2\n")
+    config.write_text(text)
+    out = CliRunner().invoke(app, ["train", str(config)])
+    assert out.exit_code == 2
+    assert "learning_rate is now optim.learning_rate" in out.output
+    assert "runner_processes is now runners.processes" in out.output
+    assert "[trainer.optim], [trainer.runners]" in out.output
+
+
+def test_command_line_overrides_keep_the_other_settings_of_their_group(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    config = write_run(tmp_path, tokenizer, extra="[trainer.checkpoints]\nkeep = 3")
+    loaded = load_run_config(config, {"schedule": {"max_minutes": 2.0}, "checkpoints": {"resume": False}})
+    assert loaded.trainer.schedule.max_minutes == 2.0 and loaded.trainer.schedule.max_steps == 1
+    assert loaded.trainer.checkpoints.keep == 3 and loaded.trainer.checkpoints.resume is False
+
+
+def test_the_model_can_come_from_a_loader_function(tokenizer: Any, tmp_path: Path) -> None:
+    config = write_run(tmp_path, tokenizer)
+    (tmp_path / "my_model.py").write_text(
+        "from transformers import AutoModelForCausalLM, AutoTokenizer\n"
+        "def load():\n"
+        f"    return AutoModelForCausalLM.from_pretrained({str(tmp_path / 'model')!r}), "
+        f"AutoTokenizer.from_pretrained({str(tmp_path / 'model')!r})\n"
+    )
+    config.write_text(config.read_text().replace('path = "model"', 'path = "my_model:load"'))
+    model, loaded_tokenizer = load_model(load_run_config(config))
+    assert not isinstance(model, Path) and loaded_tokenizer is not None
+    (tmp_path / "f").mkdir()
+    folder, none = load_model(load_run_config(write_run(tmp_path / "f", tokenizer)))
+    assert folder == tmp_path / "f" / "model" and none is None
+    assert BUILTIN_MODELS[BUILTIN_CALC] == "reinforge.demo.warm_start:load_warm_start"
+
+
 def test_datasets_load_from_files_and_functions(tmp_path: Path) -> None:
     (tmp_path / "d.json").write_text(json.dumps([{"q": 1}, {"q": 2}]))
     assert load_dataset("d.json", tmp_path) == [{"q": 1}, {"q": 2}]
@@ -109,4 +156,5 @@ def test_datasets_load_from_files_and_functions(tmp_path: Path) -> None:
 def test_the_calc_example_config_is_valid() -> None:
     config = load_run_config(Path(__file__).parents[2] / "examples" / "calc" / "config.toml")
     assert config.algorithm_config().group_size == 8  # type: ignore[union-attr]
-    assert config.credit.mode == "merged" and config.trainer.max_minutes == 5
+    assert config.credit.mode == "merged" and config.trainer.schedule.max_minutes == 5
+    assert config.trainer.runners.processes == 2 and config.trainer.optim.learning_rate == 5e-4

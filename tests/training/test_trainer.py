@@ -13,7 +13,7 @@ import torch
 from reinforge.algorithms import GRPO
 from reinforge.credit import CreditConfig
 from reinforge.errors import InvalidRequestError
-from reinforge.training import Trainer, TrainerConfig
+from reinforge.training import OptimSettings, ScheduleSettings, Trainer, TrainerConfig
 from reinforge.training.checkpoint import latest_checkpoint, load_checkpoint
 
 from .conftest import parity_agent, small_model
@@ -22,21 +22,23 @@ TRAIN = [{"task_id": f"t{i}", "question": f"{i}+{i}*2"} for i in range(20)]
 VAL = [{"task_id": f"v{i}", "question": f"{i}*3-1"} for i in range(4)]
 
 
-def config(run_dir: Path, **kw: Any) -> TrainerConfig:
-    base: dict[str, Any] = {
-        "run_dir": run_dir,
-        "max_steps": 2,
-        "tasks_per_step": 2,
-        "learning_rate": 1e-2,
-        "val_every": 0,
-        "checkpoint_every": 1,
-        "max_tokens": 6,
-        "engine_max_batch_size": 16,
-        "engine_max_seq_len": 128,
-        "runner_concurrency": 16,
-        "progress": False,
-    }
-    return TrainerConfig(**{**base, **kw})
+BASE: dict[str, Any] = {
+    "progress": False,
+    "optim": {"learning_rate": 1e-2},
+    "rollouts": {"tasks_per_step": 2, "max_tokens": 6},
+    "runners": {"concurrency": 16},
+    "engine": {"max_batch_size": 16, "max_seq_len": 128},
+    "schedule": {"max_steps": 2, "val_every": 0},
+    "checkpoints": {"every": 1},
+}
+
+
+def config(run_dir: Path, **groups: Any) -> TrainerConfig:
+    """The tests' small run; a group given as a dict changes only the fields it names."""
+    merged: dict[str, Any] = {**BASE, "run_dir": run_dir}
+    for key, value in groups.items():
+        merged[key] = {**BASE.get(key, {}), **value} if isinstance(value, dict) else value
+    return TrainerConfig(**merged)
 
 
 def weights(model: Any) -> torch.Tensor:
@@ -79,7 +81,9 @@ def test_resume_continues_from_the_last_checkpoint(tokenizer: Any, tmp_path: Pat
 
     # A fresh process: new model object from the same warm start, more steps asked.
     model = small_model(tokenizer)
-    resumed = Trainer(model, tokenizer, algorithm=GRPO(group_size=4), config=config(tmp_path, max_steps=3))
+    resumed = Trainer(
+        model, tokenizer, algorithm=GRPO(group_size=4), config=config(tmp_path, schedule={"max_steps": 3})
+    )
     result = resumed.fit(parity_agent, TRAIN, VAL)
     assert result.resumed_from == 2 and result.steps == 3 and result.policy_version == 3
     steps = [r["step"] for r in result.history if "train/reward" in r]
@@ -100,13 +104,19 @@ def test_resume_continues_from_the_last_checkpoint(tokenizer: Any, tmp_path: Pat
 
 def test_resumed_state_equals_the_checkpoint(tokenizer: Any, tmp_path: Path) -> None:
     """Loading a checkpoint into a fresh policy restores the weights and the optimiser exactly."""
+    from reinforge.training import OptimSettings
     from reinforge.training.policy import Policy
 
     Trainer(
-        small_model(tokenizer), tokenizer, algorithm=GRPO(group_size=2), config=config(tmp_path, max_steps=1)
+        small_model(tokenizer),
+        tokenizer,
+        algorithm=GRPO(group_size=2),
+        config=config(tmp_path, schedule={"max_steps": 1}),
     ).fit(parity_agent, TRAIN)
     _, state, _ = load_checkpoint(latest_checkpoint(tmp_path / "checkpoints"))  # type: ignore[arg-type]
-    policy = Policy(small_model(tokenizer), GRPO(group_size=2), pad_token_id=0, learning_rate=1e-2)
+    policy = Policy(
+        small_model(tokenizer), GRPO(group_size=2), OptimSettings(learning_rate=1e-2), pad_token_id=0
+    )
     policy.load_state_dict(state)
     restored = policy.state_dict()
     assert all(torch.equal(restored["model"][k], v) for k, v in state["model"].items())
@@ -116,14 +126,41 @@ def test_resumed_state_equals_the_checkpoint(tokenizer: Any, tmp_path: Path) -> 
 
 def test_trainer_rejects_bad_settings(tokenizer: Any, tmp_path: Path) -> None:
     with pytest.raises(InvalidRequestError, match="trainer settings"):
-        Trainer(small_model(tokenizer), tokenizer, run_dir=tmp_path, tasks_per_step=0)
+        Trainer(small_model(tokenizer), tokenizer, run_dir=tmp_path, rollouts={"tasks_per_step": 0})
     with pytest.raises(InvalidRequestError, match="empty"):
         Trainer(small_model(tokenizer), tokenizer, run_dir=tmp_path).fit(parity_agent, [])
 
 
+def test_a_dict_override_changes_only_the_fields_it_names(tokenizer: Any, tmp_path: Path) -> None:
+    trainer = Trainer(
+        small_model(tokenizer), tokenizer, config=config(tmp_path), schedule={"max_steps": 7}, seed=3
+    )
+    assert trainer.config.schedule.max_steps == 7 and trainer.config.schedule.val_every == 0
+    assert trainer.config.seed == 3 and trainer.config.rollouts.tasks_per_step == 2
+    replaced = Trainer(
+        small_model(tokenizer), tokenizer, config=config(tmp_path), schedule=ScheduleSettings()
+    )
+    assert replaced.config.schedule == ScheduleSettings()
+
+
+def test_flat_settings_name_the_group_they_moved_to(tokenizer: Any, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"learning_rate is now optim\.learning_rate.*\[trainer\.optim\]"):
+        TrainerConfig(learning_rate=1e-3)
+    with pytest.raises(
+        ValueError, match=r"runners is now runners\.count; max_steps is now schedule\.max_steps"
+    ):
+        TrainerConfig.model_validate({"runners": 2, "max_steps": 5})
+    with pytest.raises(InvalidRequestError, match=r"engine_max_seq_len is now engine\.max_seq_len"):
+        Trainer(small_model(tokenizer), tokenizer, run_dir=tmp_path, engine_max_seq_len=256)
+    assert TrainerConfig(runners={"count": 2}).runners.count == 2  # the group itself is no old setting
+
+
 def test_metrics_lines_are_json(tokenizer: Any, tmp_path: Path) -> None:
     Trainer(
-        small_model(tokenizer), tokenizer, algorithm=GRPO(group_size=2), config=config(tmp_path, max_steps=1)
+        small_model(tokenizer),
+        tokenizer,
+        algorithm=GRPO(group_size=2),
+        config=config(tmp_path, schedule={"max_steps": 1}),
     ).fit(parity_agent, TRAIN)
     lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
     assert all(isinstance(json.loads(line), dict) for line in lines)
@@ -136,7 +173,10 @@ def test_lora_fit_trains_adapters_only(tokenizer: Any, tmp_path: Path) -> None:
     start = {k: v.clone() for k, v in model.state_dict().items()}
     lora = LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
     trainer = Trainer(
-        model, tokenizer, algorithm=GRPO(group_size=4), config=config(tmp_path, max_steps=1, lora=lora)
+        model,
+        tokenizer,
+        algorithm=GRPO(group_size=4),
+        config=config(tmp_path, schedule={"max_steps": 1}, optim={"lora": lora}),
     )
     result = trainer.fit(parity_agent, TRAIN)
     assert result.policy_version == 1
@@ -186,7 +226,7 @@ def test_overlapped_rollouts_train_one_version_behind_and_leave_nothing_running(
         small_model(tokenizer),
         tokenizer,
         algorithm=GRPO(group_size=4),
-        config=config(tmp_path, max_steps=3, overlap_rollouts=True),
+        config=config(tmp_path, schedule={"max_steps": 3, "overlap_rollouts": True}),
     )
     result = trainer.fit(parity_agent, TRAIN)
     steps = [r for r in result.history if "train/reward" in r]
@@ -242,7 +282,11 @@ def test_prefetched_rollouts_start_early_yet_are_sampled_by_the_version_they_tra
         small_model(tokenizer),
         tokenizer,
         algorithm=GRPO(group_size=4),
-        config=config(tmp_path, max_steps=3, runner_concurrency=runner_concurrency, prefetch_rollouts=True),
+        config=config(
+            tmp_path,
+            schedule={"max_steps": 3, "prefetch_rollouts": True},
+            runners={"concurrency": runner_concurrency},
+        ),
     )
     result = trainer.fit(parity_agent, TRAIN)
     steps = [r for r in result.history if "train/reward" in r]
@@ -265,13 +309,13 @@ def test_prefetched_rollouts_start_early_yet_are_sampled_by_the_version_they_tra
 
 
 def test_learning_rate_schedules() -> None:
-    cosine = TrainerConfig(learning_rate=1.0, lr_schedule="cosine", lr_final_ratio=0.2)
+    cosine = OptimSettings(learning_rate=1.0, lr_schedule="cosine", lr_final_ratio=0.2)
     assert [round(cosine.learning_rate_at(p), 6) for p in (0.0, 0.5, 1.0, 2.0)] == [1.0, 0.6, 0.2, 0.2]
-    linear = TrainerConfig(learning_rate=2.0, lr_schedule="linear", lr_final_ratio=0.0)
+    linear = OptimSettings(learning_rate=2.0, lr_schedule="linear", lr_final_ratio=0.0)
     assert [linear.learning_rate_at(p) for p in (-1.0, 0.25, 1.0)] == [2.0, 1.5, 0.0]
-    assert TrainerConfig(learning_rate=0.5).learning_rate_at(0.9) == 0.5  # constant, the default
+    assert OptimSettings(learning_rate=0.5).learning_rate_at(0.9) == 0.5  # constant, the default
     with pytest.raises(ValueError):
-        TrainerConfig(lr_schedule="step")
+        OptimSettings(lr_schedule="step")  # type: ignore[arg-type]
 
 
 def test_fit_decays_the_learning_rate_over_the_steps(tokenizer: Any, tmp_path: Path) -> None:
@@ -279,7 +323,12 @@ def test_fit_decays_the_learning_rate_over_the_steps(tokenizer: Any, tmp_path: P
         small_model(tokenizer),
         tokenizer,
         algorithm=GRPO(group_size=2),
-        config=config(tmp_path, max_steps=3, lr_schedule="linear", lr_final_ratio=0.1, checkpoint_every=0),
+        config=config(
+            tmp_path,
+            schedule={"max_steps": 3},
+            optim={"lr_schedule": "linear", "lr_final_ratio": 0.1},
+            checkpoints={"every": 0},
+        ),
     )
     result = trainer.fit(parity_agent, TRAIN)
     rates = [r["update/learning_rate"] for r in result.history if "train/reward" in r]
@@ -296,7 +345,9 @@ def test_the_engine_can_run_in_its_own_process(tokenizer: Any, tmp_path: Path) -
         small_model(tokenizer),
         tokenizer,
         algorithm=GRPO(group_size=4),
-        config=config(tmp_path, max_steps=3, engine_process=True, prefetch_rollouts=True),
+        config=config(
+            tmp_path, schedule={"max_steps": 3, "prefetch_rollouts": True}, engine={"process": True}
+        ),
     )
     result = trainer.fit(parity_agent, TRAIN, VAL)
     steps = [r for r in result.history if "train/reward" in r]
@@ -343,7 +394,11 @@ def test_fit_on_a_served_store(tokenizer: Any, tmp_path: Path, monkeypatch: pyte
             small_model(tokenizer),
             tokenizer,
             algorithm=GRPO(group_size=4),
-            config=config(tmp_path / "run", store_url=server.url, store_token=token, prefetch_rollouts=True),
+            config=config(
+                tmp_path / "run",
+                store={"url": server.url, "token": token},
+                schedule={"prefetch_rollouts": True},
+            ),
         )
         result = trainer.fit(parity_agent, TRAIN, VAL)
     finally:

@@ -1,7 +1,8 @@
-"""`reinforge demo`: train the calc agent through the full spine and report held-out success.
+"""`reinforge demo`: train the calc agent through the store, gateway, engine and runners, and report
+held-out success.
 
-Store (SQLite in the run folder) + store server with the gateway mounted + embedded engine + in-process
-runners: the same path any user agent takes. The result line is what benchmarks and CI read.
+Store (SQLite in the run folder) + store server with the gateway mounted + embedded engine + runners:
+the same path any user agent takes. The result line is what benchmarks and CI read.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from reinforge.credit import CreditConfig
 from reinforge.demo.agent import calc_agent
 from reinforge.demo.tasks import train_tasks, val_tasks
 from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build_warm_start, load_warm_start
-from reinforge.training.config import TrainerConfig
+from reinforge.training.config import (
+    CheckpointSettings,
+    EngineSettings,
+    OptimSettings,
+    RolloutSettings,
+    RunnerSettings,
+    ScheduleSettings,
+    TrainerConfig,
+)
 from reinforge.training.trainer import FitResult, Trainer
 
 
@@ -39,14 +48,14 @@ class DemoSettings(BaseModel):
     learning_rate: float = Field(default=5e-4, gt=0)
     lr_schedule: Literal["constant", "linear", "cosine"] = "linear"
     """Decayed to a tenth by the end of the budget: the final policy is then not caught mid-stride
-    (held-out greedy 0.970 with it, 0.895-0.910 with a constant rate)."""
+    (docs/training.md compares it with a constant rate)."""
     val_size: int = Field(default=200, ge=1)
     val_every: int = Field(default=0, ge=0)
     checkpoint_every: int = Field(default=5, ge=0)
     credit_mode: Literal["merged", "per_call"] = "merged"
     runner_processes: int = Field(default=2, ge=0)
-    """The agents run in this many `reinforge runner` children (0: in the trainer's process); with two,
-    the demo ran 181 RL steps in its 5 minutes instead of 116-121."""
+    """The agents run in this many `reinforge runner` children (0: in the trainer's process): their
+    Python then runs beside the trainer's, and more steps fit in the budget (docs/training.md)."""
     seed: int = 0
     progress: bool = True
 
@@ -107,24 +116,21 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
         tokenizer,
         # Each rollout weighs the same in the loss, however many tokens it has: with token-mean, long
         # failed rollouts out-voted short successful ones and pushed the policy into long garbage
-        # (entropy 0.07 -> 0.41 and no tool calls within three steps at lr 1e-3).
+        # (docs/training.md, "Collapses").
         algorithm=GRPO(group_size=settings.group_size, loss_agg="seq-mean-token-mean", seq_unit="rollout"),
         credit=CreditConfig(mode=settings.credit_mode, assignment=("equal", "air")),
         config=TrainerConfig(
             run_dir=settings.run_dir,
-            max_steps=settings.max_steps,
-            max_minutes=settings.minutes,
-            tasks_per_step=settings.tasks_per_step,
-            learning_rate=settings.learning_rate,
-            lr_schedule=settings.lr_schedule,
-            val_every=settings.val_every,
-            checkpoint_every=settings.checkpoint_every,
-            max_tokens=48,
-            engine_max_batch_size=128,
-            runner_concurrency=128,
-            runner_processes=settings.runner_processes,
             seed=settings.seed,
             progress=settings.progress,
+            optim=OptimSettings(learning_rate=settings.learning_rate, lr_schedule=settings.lr_schedule),
+            rollouts=RolloutSettings(tasks_per_step=settings.tasks_per_step, max_tokens=48),
+            runners=RunnerSettings(concurrency=128, processes=settings.runner_processes),
+            engine=EngineSettings(max_batch_size=128),
+            schedule=ScheduleSettings(
+                max_steps=settings.max_steps, max_minutes=settings.minutes, val_every=settings.val_every
+            ),
+            checkpoints=CheckpointSettings(every=settings.checkpoint_every),
         ),
     )
     fit = trainer.fit(calc_agent, train_tasks(seed=settings.seed), val_tasks(settings.val_size))

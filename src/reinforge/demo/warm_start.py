@@ -41,9 +41,8 @@ class WarmStartConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     num_traces: int = Field(default=20000, ge=1)
-    """Distinct training questions. 6,000 at batch 32 for 2,000 copy steps left the second calculator
-    call 69% exact on precedence conflicts (greedy, held-out); 20,000 at batch 64 reached 100% (see
-    docs/training.md, "The warm start")."""
+    """Distinct training questions: too few left the second calculator call inexact on precedence
+    conflicts (docs/training.md, "The warm start", has the comparison)."""
     vocab_size: int = Field(default=320, ge=270)
     special_tokens: list[str] = Field(default_factory=lambda: [TOOL_CALL_PREFIX, "ANSWER: "])
     """Fixed strings made single tokens. Byte-level BPE cannot merge across punctuation, so the

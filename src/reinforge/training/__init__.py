@@ -1,7 +1,7 @@
 """Training: the RL loop (`Trainer.fit`), the policy update, checkpoints, metrics, the SFT warm start.
 
 trainer = reinforge.training.Trainer(model=m, tokenizer=tok, algorithm=GRPO(group_size=8),
-                                     credit=CreditConfig(mode="merged"), runners=1, max_steps=50)
+                                     credit=CreditConfig(mode="merged"), schedule={"max_steps": 50})
 result = trainer.fit(agent, train_dataset, val_dataset)
 
 The names load on first use: `reinforge.training.cli` is imported by every `reinforge` command, and
@@ -14,15 +14,32 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from reinforge.training.config import LoraSettings, TrainerConfig
+    from reinforge.training.config import (
+        CheckpointSettings,
+        EngineSettings,
+        LoraSettings,
+        OptimSettings,
+        RolloutSettings,
+        RunnerSettings,
+        ScheduleSettings,
+        StoreSettings,
+        TrainerConfig,
+    )
     from reinforge.training.metrics import MetricsLog, plot_reward_curve
     from reinforge.training.policy import Policy
     from reinforge.training.sft import SftConfig, SftExample, render_conversation, supervised_finetune
     from reinforge.training.trainer import FitResult, Trainer
 
 _WHERE = {
+    "CheckpointSettings": "config",
+    "EngineSettings": "config",
     "FitResult": "trainer",
     "LoraSettings": "config",
+    "OptimSettings": "config",
+    "RolloutSettings": "config",
+    "RunnerSettings": "config",
+    "ScheduleSettings": "config",
+    "StoreSettings": "config",
     "MetricsLog": "metrics",
     "Policy": "policy",
     "SftConfig": "sft",
@@ -43,12 +60,19 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "CheckpointSettings",
+    "EngineSettings",
     "FitResult",
     "LoraSettings",
     "MetricsLog",
+    "OptimSettings",
     "Policy",
+    "RolloutSettings",
+    "RunnerSettings",
+    "ScheduleSettings",
     "SftConfig",
     "SftExample",
+    "StoreSettings",
     "Trainer",
     "TrainerConfig",
     "plot_reward_curve",

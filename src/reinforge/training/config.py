@@ -1,12 +1,22 @@
-"""The trainer's settings: one validated object, also readable from the `[trainer]` table of a TOML file."""
+"""The trainer's settings: one validated object made of groups, also readable from a TOML file.
+
+`TrainerConfig` holds what identifies a run (`run_dir`, `seed`, `progress`) and one sub-model per
+concern, each handed as an object to the part that uses it: `optim` to the `Policy`, `engine` to the
+serving stack, `runners` to its start, `schedule` to the rollout scheduler. In a TOML run file the
+groups are sub-tables of `[trainer]`: `[trainer.optim]`, `[trainer.rollouts]`, `[trainer.runners]`,
+`[trainer.engine]`, `[trainer.schedule]`, `[trainer.checkpoints]`, `[trainer.store]`.
+
+A setting written the old, flat way (`learning_rate` directly under `[trainer]`) is refused with the
+place it moved to, instead of being silently ignored or guessed.
+"""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 
 class LoraSettings(BaseModel):
@@ -22,59 +32,123 @@ class LoraSettings(BaseModel):
     )
 
 
-class TrainerConfig(BaseModel):
-    """How a Trainer runs.
+class OptimSettings(BaseModel):
+    """The policy update.
 
     Attributes:
-        run_dir: where the store database, checkpoints, metrics and the reward curve go.
-        store_url: the store; None means SQLite at `<run_dir>/store.db`.
-        store_token: the bearer token of an `http(s)://` store_url (a `reinforge store serve`
-            server); None reads `$REINFORGE_STORE_TOKEN`.
-        max_steps: RL steps (policy updates) to run at most.
-        max_minutes: stop after this much RL wall time (None: no time limit); validation time counts.
-        tasks_per_step: distinct tasks per step; each runs `group_size` times (from the algorithm).
         learning_rate / weight_decay / max_grad_norm: the AdamW optimiser of the policy update.
         lr_schedule: "constant", or "linear" / "cosine" decay from `learning_rate` to
             `learning_rate * lr_final_ratio` over the run (its progress is the larger of steps done
-            over `max_steps` and, with `max_minutes`, RL time spent over that budget), so the policy
-            the run ends with is not caught mid-stride by a full-size step.
+            over `schedule.max_steps` and, with `schedule.max_minutes`, RL time spent over that
+            budget), so the policy the run ends with is not caught mid-stride by a full-size step.
         epochs_per_batch: passes over one step's transitions (> 1 makes the PPO ratio and TIS matter).
         micro_batch_tokens: the most (padded) tokens in one forward/backward; gradients accumulate.
+        lora: train LoRA adapters instead of the full model.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    learning_rate: float = Field(default=3e-4, gt=0)
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    lr_final_ratio: float = Field(default=0.1, ge=0, le=1)
+    weight_decay: float = Field(default=0.0, ge=0)
+    max_grad_norm: float | None = Field(default=1.0, gt=0)
+    epochs_per_batch: int = Field(default=1, ge=1)
+    micro_batch_tokens: int = Field(default=8192, ge=64)
+    lora: LoraSettings | None = None
+
+    def learning_rate_at(self, progress: float) -> float:
+        """The scheduled learning rate when `progress` (0 to 1) of the run is done."""
+        if self.lr_schedule == "constant":
+            return self.learning_rate
+        done = min(max(progress, 0.0), 1.0)
+        left = 1.0 - done if self.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+        return self.learning_rate * (self.lr_final_ratio + (1.0 - self.lr_final_ratio) * left)
+
+
+class RolloutSettings(BaseModel):
+    """What one step samples.
+
+    Attributes:
+        tasks_per_step: distinct tasks per step; each runs `group_size` times (from the algorithm).
         temperature: the sampling temperature of training rollouts (and of "sampled" validation).
         max_tokens: the most tokens one LLM call may generate (given to the agent as a resource).
+        timeout_s: the most one attempt may take.
+        step_timeout_s: the most one step's rollouts may take before the stragglers are cancelled.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    tasks_per_step: int = Field(default=16, ge=1)
+    temperature: float = Field(default=1.0, gt=0)
+    max_tokens: int = Field(default=64, ge=1)
+    timeout_s: float = Field(default=120.0, gt=0)
+    step_timeout_s: float = Field(default=600.0, gt=0)
+
+
+class RunnerSettings(BaseModel):
+    """Who runs the agents.
+
+    Attributes:
+        count: in-process runners; each runs up to `concurrency` attempts at once.
+        concurrency: attempts one runner (or one runner process) runs at once.
+        processes: run the agents in this many `reinforge runner` child processes instead of in-process
+            runners. Agents' Python then runs beside the trainer's, not under its interpreter lock: on
+            a machine with two or more cores this is the faster setting. The agent must be importable
+            by name (a module-level function or class). 0 keeps the runners in this process.
+        processes_nice: how much lower the runner children's CPU priority is than the trainer's (added
+            to their niceness, 0-19). While the engine generates a step, the children mostly prepare
+            the next step's calls (`schedule.prefetch_rollouts`): on a machine with few cores the
+            engine, on every step's critical path, should get the CPU first.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    count: int = Field(default=1, ge=1)
+    concurrency: int = Field(default=64, ge=1)
+    processes: int = Field(default=0, ge=0)
+    processes_nice: int = Field(default=10, ge=0, le=19)
+
+    @property
+    def slots(self) -> int:
+        """Attempts all runners together run at once."""
+        return (self.processes or self.count) * self.concurrency
+
+
+class EngineSettings(BaseModel):
+    """The embedded engine that serves the policy to the agents.
+
+    Attributes:
+        max_batch_size: sequences the engine decodes together.
+        max_seq_len: the longest prompt + completion the engine serves (sizes its KV cache).
+        process: run the engine in its own child process (`EngineProcess`), so its scheduling loop
+            does not share the interpreter lock with the gateway and store that answer the agents.
+            Off by default: on a machine with few cores the CPU, not the lock, is what runs out, and
+            a third busy process slows the step (docs/training.md); it is for machines with cores
+            to spare.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_batch_size: int = Field(default=64, ge=1)
+    max_seq_len: int = Field(default=512, ge=16)
+    process: bool = False
+
+
+class ScheduleSettings(BaseModel):
+    """How long the run goes, when it validates, and when each step's rollouts start.
+
+    Attributes:
+        max_steps: RL steps (policy updates) to run at most.
+        max_minutes: stop after this much RL wall time (None: no time limit); validation time counts.
         val_every: validate every N steps (0: only before and after training).
         val_greedy: also validate with greedy decoding.
-        checkpoint_every: checkpoint every N steps (0: only at the end); `resume` picks the latest.
-        keep_checkpoints: how many checkpoints to keep on disk.
-        runners: in-process runners; each runs up to `runner_concurrency` attempts at once.
-        runner_processes: run the agents in this many `reinforge runner` child processes instead of
-            in-process runners (each child runs up to `runner_concurrency` attempts). Agents' Python
-            then runs beside the trainer's, not under its interpreter lock: on a machine with two
-            or more cores this is the faster setting. The agent must be importable by name (a
-            module-level function or class). 0 keeps the runners in this process.
-        runner_processes_nice: how much lower the runner children's CPU priority is than the
-            trainer's (added to their niceness, 0-19). While the engine generates a step, the
-            children mostly prepare the next step's calls (`prefetch_rollouts`): on a machine with
-            few cores the engine, on every step's critical path, should get the CPU first.
-        rollout_timeout_s: the most one attempt may take.
-        step_timeout_s: the most one step's rollouts may take before the stragglers are cancelled.
-        lora: train LoRA adapters instead of the full model.
-        seed: seeds data order, sampling and initialisation, so a run is reproducible.
-        resume: continue from the latest checkpoint in run_dir when there is one.
-        engine_max_batch_size: sequences the embedded engine decodes together.
-        engine_max_seq_len: the longest prompt + completion the engine serves (sizes its KV cache).
-        engine_process: run the embedded engine in its own child process (`EngineProcess`), so its
-            scheduling loop does not share the interpreter lock with the gateway and store that
-            answer the agents. Off by default: on a 2-core machine the CPU, not the lock, is what
-            runs out, and a third busy process made `benchmarks/trainer_bench.py` slower (1.98
-            against 2.32 steps/s); it is for machines with cores to spare.
-        progress: show a progress bar on the terminal.
         prefetch_rollouts: start the next step's agents early (while this step generates when the
             runners have room for two steps' rollouts, else during the update); their LLM calls
             wait at the gateway until the updated weights are published, so every token is still
             sampled by the policy it trains (strictly on-policy). What an agent does before its
             first call, and the runners' leasing, then overlaps this step instead of delaying the
-            next one. None (the default) prefetches with `runner_processes` only: in-process
+            next one. None (the default) prefetches with `runners.processes` only: in-process
             agents would run that Python under the trainer's interpreter lock, during the update.
             Ignored when `overlap_rollouts` is set.
         overlap_rollouts: start the next step's rollouts before this step's policy update, so the
@@ -87,49 +161,130 @@ class TrainerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    run_dir: Path = Path("runs/latest")
-    store_url: str | None = None
-    store_token: SecretStr | None = None
     max_steps: int = Field(default=100, ge=0)
     max_minutes: float | None = Field(default=None, gt=0)
-    tasks_per_step: int = Field(default=16, ge=1)
-    learning_rate: float = Field(default=3e-4, gt=0)
-    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    lr_final_ratio: float = Field(default=0.1, ge=0, le=1)
-    weight_decay: float = Field(default=0.0, ge=0)
-    max_grad_norm: float | None = Field(default=1.0, gt=0)
-    epochs_per_batch: int = Field(default=1, ge=1)
-    micro_batch_tokens: int = Field(default=8192, ge=64)
-    temperature: float = Field(default=1.0, gt=0)
-    max_tokens: int = Field(default=64, ge=1)
     val_every: int = Field(default=10, ge=0)
     val_greedy: bool = True
-    checkpoint_every: int = Field(default=10, ge=0)
-    keep_checkpoints: int = Field(default=2, ge=1)
-    runners: int = Field(default=1, ge=1)
-    runner_concurrency: int = Field(default=64, ge=1)
-    runner_processes: int = Field(default=0, ge=0)
-    runner_processes_nice: int = Field(default=10, ge=0, le=19)
-    rollout_timeout_s: float = Field(default=120.0, gt=0)
-    step_timeout_s: float = Field(default=600.0, gt=0)
-    lora: LoraSettings | None = None
-    seed: int = 0
-    resume: bool = True
-    engine_max_batch_size: int = Field(default=64, ge=1)
-    engine_max_seq_len: int = Field(default=512, ge=16)
-    engine_process: bool = False
-    progress: bool = True
     prefetch_rollouts: bool | None = None
     overlap_rollouts: bool = False
 
-    def learning_rate_at(self, progress: float) -> float:
-        """The scheduled learning rate when `progress` (0 to 1) of the run is done."""
-        if self.lr_schedule == "constant":
-            return self.learning_rate
-        done = min(max(progress, 0.0), 1.0)
-        left = 1.0 - done if self.lr_schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
-        return self.learning_rate * (self.lr_final_ratio + (1.0 - self.lr_final_ratio) * left)
+
+class CheckpointSettings(BaseModel):
+    """When the run saves its state, and whether it starts from the last save.
+
+    Attributes:
+        every: checkpoint every N steps (0: only at the end); `resume` picks the latest.
+        keep: how many checkpoints to keep on disk.
+        resume: continue from the latest checkpoint in run_dir when there is one.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    every: int = Field(default=10, ge=0)
+    keep: int = Field(default=2, ge=1)
+    resume: bool = True
+
+
+class StoreSettings(BaseModel):
+    """Where the run's rollouts, spans and resources are kept.
+
+    Attributes:
+        url: the store; None means SQLite at `<run_dir>/store.db`.
+        token: the bearer token of an `http(s)://` url (a `reinforge store serve` server); None
+            reads `$REINFORGE_STORE_TOKEN`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str | None = None
+    token: SecretStr | None = None
+
+
+MOVED: dict[str, str] = {
+    "learning_rate": "optim.learning_rate",
+    "lr_schedule": "optim.lr_schedule",
+    "lr_final_ratio": "optim.lr_final_ratio",
+    "weight_decay": "optim.weight_decay",
+    "max_grad_norm": "optim.max_grad_norm",
+    "epochs_per_batch": "optim.epochs_per_batch",
+    "micro_batch_tokens": "optim.micro_batch_tokens",
+    "lora": "optim.lora",
+    "tasks_per_step": "rollouts.tasks_per_step",
+    "temperature": "rollouts.temperature",
+    "max_tokens": "rollouts.max_tokens",
+    "rollout_timeout_s": "rollouts.timeout_s",
+    "step_timeout_s": "rollouts.step_timeout_s",
+    "runners": "runners.count",
+    "runner_concurrency": "runners.concurrency",
+    "runner_processes": "runners.processes",
+    "runner_processes_nice": "runners.processes_nice",
+    "engine_max_batch_size": "engine.max_batch_size",
+    "engine_max_seq_len": "engine.max_seq_len",
+    "engine_process": "engine.process",
+    "max_steps": "schedule.max_steps",
+    "max_minutes": "schedule.max_minutes",
+    "val_every": "schedule.val_every",
+    "val_greedy": "schedule.val_greedy",
+    "prefetch_rollouts": "schedule.prefetch_rollouts",
+    "overlap_rollouts": "schedule.overlap_rollouts",
+    "checkpoint_every": "checkpoints.every",
+    "keep_checkpoints": "checkpoints.keep",
+    "resume": "checkpoints.resume",
+    "store_url": "store.url",
+    "store_token": "store.token",
+}
+"""Each flat setting of the earlier `TrainerConfig` and the group field it is now."""
+
+
+class TrainerConfig(BaseModel):
+    """How a Trainer runs: the run's identity, then one group per concern (see the module docstring).
+
+    Attributes:
+        run_dir: where the store database, checkpoints, metrics and the reward curve go.
+        seed: seeds data order, sampling and initialisation, so a run is reproducible.
+        progress: show a progress bar on the terminal.
+        optim: the policy update (`OptimSettings`).
+        rollouts: what one step samples (`RolloutSettings`).
+        runners: who runs the agents (`RunnerSettings`).
+        engine: the embedded engine (`EngineSettings`).
+        schedule: steps, time budget, validation and rollout scheduling (`ScheduleSettings`).
+        checkpoints: how often, how many, and whether to resume (`CheckpointSettings`).
+        store: where the store is (`StoreSettings`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_dir: Path = Path("runs/latest")
+    seed: int = 0
+    progress: bool = True
+    optim: OptimSettings = Field(default_factory=OptimSettings)
+    rollouts: RolloutSettings = Field(default_factory=RolloutSettings)
+    runners: RunnerSettings = Field(default_factory=RunnerSettings)
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
+    store: StoreSettings = Field(default_factory=StoreSettings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_flat_settings(cls, data: Any) -> Any:
+        """Name where an old flat setting went (`runners` is both: a count before, a group now)."""
+        if not isinstance(data, dict):
+            return data
+        moved = [
+            key
+            for key in data
+            if key in MOVED and not (key == "runners" and not isinstance(data[key], int | float))
+        ]
+        if moved:
+            where = "; ".join(f"{key} is now {MOVED[key]}" for key in moved)
+            tables = sorted({f"[trainer.{MOVED[key].split('.')[0]}]" for key in moved})
+            raise ValueError(
+                f"trainer settings are grouped: {where} "
+                f"(in a TOML file, under {', '.join(tables)}; see docs/training.md)"
+            )
+        return data
 
     @property
     def store_location(self) -> str:
-        return self.store_url or f"sqlite:///{(self.run_dir / 'store.db').resolve()}"
+        return self.store.url or f"sqlite:///{(self.run_dir / 'store.db').resolve()}"

@@ -37,7 +37,7 @@ from reinforge.algorithms import (
 from reinforge.algorithms.logprobs import TokenLogprobs
 from reinforge.algorithms.shared_prefix import shared_prefix_logprobs
 from reinforge.errors import InvalidRequestError
-from reinforge.training.config import LoraSettings
+from reinforge.training.config import LoraSettings, OptimSettings
 from reinforge.training.microbatch import micro_batches
 from reinforge.types import Transition
 
@@ -46,8 +46,8 @@ _ADDITIVE = frozenset({"loss/policy", "loss/total", "value/loss", "tokens"})
 
 def _fused_adamw_supported(params: Sequence[torch.nn.Parameter]) -> bool:
     """Whether AdamW's fused kernel takes these parameters: one kernel for all of them instead of
-    a dozen small ops per parameter (on CPU 1.4 against 3.8 ms a step for the demo's model, with
-    the same result up to float rounding), on every step, flat batches included."""
+    a dozen small ops per parameter, with the same result up to float rounding (docs/training.md
+    has the measurement), on every step, flat batches included."""
     return bool(params) and all(
         p.device.type in ("cpu", "cuda") and p.dtype in (torch.float32, torch.float16, torch.bfloat16)
         for p in params
@@ -81,25 +81,21 @@ class Policy:
         self,
         model: PreTrainedModel,
         algorithm: Algorithm,
+        optim: OptimSettings,
         *,
         pad_token_id: int,
-        learning_rate: float,
-        weight_decay: float = 0.0,
-        max_grad_norm: float | None = 1.0,
-        micro_batch_tokens: int = 8192,
-        epochs_per_batch: int = 1,
         temperature: float = 1.0,
-        lora: LoraSettings | None = None,
         share_prompts: bool = True,
     ) -> None:
+        """`temperature` is the rollouts' sampling temperature: logprobs are recomputed at it."""
         self.algorithm = algorithm
         self.share_prompts = share_prompts
         self.pad_token_id = pad_token_id
-        self.max_grad_norm = max_grad_norm
-        self.micro_batch_tokens = micro_batch_tokens
-        self.epochs_per_batch = epochs_per_batch
+        self.max_grad_norm = optim.max_grad_norm
+        self.micro_batch_tokens = optim.micro_batch_tokens
+        self.epochs_per_batch = optim.epochs_per_batch
         self.temperature = temperature
-        self.lora = lora
+        self.lora = lora = optim.lora
         self.model: torch.nn.Module = wrap_lora(model, lora) if lora is not None else model
         self.model.train()
         self.value_head: ValueHead | None = None
@@ -114,7 +110,10 @@ class Policy:
         if self.value_head is not None:
             params += list(self.value_head.parameters())
         self.optimizer = torch.optim.AdamW(
-            params, lr=learning_rate, weight_decay=weight_decay, fused=_fused_adamw_supported(params) or None
+            params,
+            lr=optim.learning_rate,
+            weight_decay=optim.weight_decay,
+            fused=_fused_adamw_supported(params) or None,
         )
 
     # ---- weights for the engine and for checkpoints ---------------------------------------------

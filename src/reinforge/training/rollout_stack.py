@@ -1,4 +1,5 @@
-"""The serving side of a training run: store server with the gateway mounted, engine, runners (in this
+"""`RolloutStack`: everything that turns enqueued rollouts into recorded spans during a training run:
+the store server with the gateway mounted, the engine behind the gateway, and the runners (in this
 process, or `reinforge runner` children: see `runner_processes.py`).
 
 Agents reach the policy only through the gateway over HTTP (as any external agent would), the gateway
@@ -29,6 +30,7 @@ from reinforge.runner import Agent, AgentFunction, CommandAgent, Runner
 from reinforge.store.http.auth import load_or_create_token
 from reinforge.store.http.server import create_store_app
 from reinforge.store.protocol import Store
+from reinforge.training.config import EngineSettings, RunnerSettings
 from reinforge.training.runner_processes import RunnerProcesses, RunnerProcessSettings, agent_reference
 from reinforge.types import LeasedRollout
 
@@ -38,8 +40,8 @@ GATEWAY_MOUNT = "/gateway"
 MODEL_NAME = "reinforge-policy"
 
 
-class Spine:
-    """Start with `await Spine(...).start(agent)`; stop with `await spine.stop()`.
+class RolloutStack:
+    """Start with `await RolloutStack(...).start(agent, runners)`; stop with `await stack.stop()`.
 
     `model` becomes the engine's: give it a copy the trainer does not update in place.
     """
@@ -50,21 +52,19 @@ class Spine:
         model: PreTrainedModel,
         tokenizer: PreTrainedTokenizerBase,
         run_dir: Path,
+        engine: EngineSettings,
         *,
         policy_version: int = 0,
-        engine_max_batch_size: int = 64,
-        engine_max_seq_len: int = 512,
-        engine_process: bool = False,
         seed: int | None = None,
     ) -> None:
         self.store = store
         self.run_dir = run_dir
-        engine_type: type[Engine] | type[EngineProcess] = EngineProcess if engine_process else Engine
+        engine_type: type[Engine] | type[EngineProcess] = EngineProcess if engine.process else Engine
         self.engine: Engine | EngineProcess = engine_type(
             model,
             tokenizer,
-            max_batch_size=engine_max_batch_size,
-            max_seq_len=engine_max_seq_len,
+            max_batch_size=engine.max_batch_size,
+            max_seq_len=engine.max_seq_len,
             policy_version=policy_version,
             seed=seed,
         )
@@ -96,17 +96,15 @@ class Spine:
     async def start(
         self,
         agent: Agent | AgentFunction | CommandAgent,
+        runners: RunnerSettings,
         *,
-        runners: int = 1,
-        concurrency: int = 64,
-        timeout_s: float | None = None,
-        processes: int = 0,
-        processes_nice: int = 0,
-    ) -> Spine:
-        """Serve, then run `agent`: `runners` runners in this process, or, with `processes` > 0, that
-        many `reinforge runner` children instead (each running up to `concurrency` attempts, at
-        `processes_nice` lower CPU priority)."""
-        reference = agent_reference(agent) if processes > 0 else None  # refuse before starting anything
+        rollout_timeout_s: float | None = None,
+    ) -> RolloutStack:
+        """Serve, then run `agent`: `runners.count` runners in this process, or, with
+        `runners.processes` > 0, that many `reinforge runner` children instead (each running up to
+        `runners.concurrency` attempts, at `runners.processes_nice` lower CPU priority)."""
+        # Refuse an agent the children could not import before starting anything.
+        reference = agent_reference(agent) if runners.processes > 0 else None
         await asyncio.to_thread(self.engine.start)
         await asyncio.to_thread(self.server.start)
         url_file = self.run_dir / "store.url"
@@ -121,26 +119,26 @@ class Spine:
                     store_token=self.store_token,
                     gateway_url=self.gateway_url,
                     gateway_secret=self.gateway_secret,
-                    concurrency=concurrency,
+                    concurrency=runners.concurrency,
                     model=MODEL_NAME,
-                    timeout_s=timeout_s,
+                    timeout_s=rollout_timeout_s,
                     log_dir=self.run_dir / "logs",
-                    nice=processes_nice,
+                    nice=runners.processes_nice,
                 ),
-                processes,
+                runners.processes,
                 id_prefix="trainer-process",
             )
             self._processes.start()
             return self
-        for i in range(runners):
+        for i in range(runners.count):
             runner = Runner(
                 self.store,
                 agent,
                 self.gateway_url,
                 self.gateway_secret,
-                concurrency=concurrency,
+                concurrency=runners.concurrency,
                 runner_id=f"trainer-runner-{i}",
-                timeout_s=timeout_s,
+                timeout_s=rollout_timeout_s,
                 poll_seconds=1.0,
                 model=MODEL_NAME,
                 drain_timeout_s=5.0,

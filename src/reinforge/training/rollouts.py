@@ -13,6 +13,10 @@ from typing import Any
 
 from reinforge.credit import CreditConfig, CreditMetrics, build_transitions
 from reinforge.store.protocol import Store
+from reinforge.training.config import RolloutSettings
+from reinforge.training.data import TaskSampler
+from reinforge.training.rollout_stack import MODEL_NAME, RolloutStack
+from reinforge.training.scheduling import EnqueuedStep
 from reinforge.types import (
     MAX_PAGE_SIZE,
     Attempt,
@@ -29,6 +33,61 @@ from reinforge.types import (
 
 _READS_AT_ONCE = 256
 """Rollouts whose spans are read by one paged query, and whose attempts concurrently."""
+
+
+def attempt_resources(policy_version: int, temperature: float, max_tokens: int) -> dict[str, Any]:
+    """What an attempt is given: the model name, the policy version and how to sample."""
+    return {
+        "llm": {"model": MODEL_NAME},
+        "policy_version": policy_version,
+        "sampling": {"temperature": temperature, "max_tokens": max_tokens},
+    }
+
+
+class TrainingRollouts:
+    """The training steps' rollouts (the scheduler's `RolloutQueue`): each step draws its tasks from
+    the sampler and enqueues each task `group_size` times, with the resources of the policy version
+    that samples them. Rollout ids are `<prefix>-s<step>-<task>-<member>`."""
+
+    def __init__(
+        self,
+        store: Store,
+        stack: RolloutStack,
+        sampler: TaskSampler,
+        tasks: Sequence[dict[str, Any]],
+        settings: RolloutSettings,
+        *,
+        group_size: int,
+        prefix: str,
+    ) -> None:
+        self._store = store
+        self._stack = stack
+        self._sampler = sampler
+        self._tasks = tasks
+        self._settings = settings
+        self._group_size = group_size
+        self._prefix = prefix
+
+    async def enqueue(self, step: int, policy_version: int, *, hold: bool) -> EnqueuedStep:
+        indices = self._sampler.next_batch(self._settings.tasks_per_step)
+        position = self._sampler.state_dict()
+        resources = attempt_resources(policy_version, self._settings.temperature, self._settings.max_tokens)
+        rv = await self._store.put_resources(resources)
+        specs = rollout_specs(
+            [(i, self._tasks[i]) for i in indices],
+            prefix=f"{self._prefix}-s{step}",
+            group_size=self._group_size,
+            mode=RolloutMode.train,
+            resources_version=rv.version,
+        )
+        if hold:
+            self._stack.hold([str(s.rollout_id) for s in specs], policy_version)
+        ids = [r.rollout_id for r in await self._store.enqueue_rollouts(specs)]
+        return EnqueuedStep(number=step, rollout_ids=ids, data_position=position)
+
+    async def cancel(self, step: EnqueuedStep) -> None:
+        await self._store.cancel_rollouts(step.rollout_ids)
+        self._stack.drop_holds(step.rollout_ids)
 
 
 def task_key(task: dict[str, Any], index: int) -> str:

@@ -1,19 +1,19 @@
-"""`Trainer.fit`: the RL loop, readable in one function (`_fit`).
+"""`Trainer.fit`: the RL loop (`_fit`) around one step function (`_step`).
 
-One step: draw tasks → enqueue each task x group size, tagged with the resources version → runners run
-the agent through the gateway and engine → wait for the rollouts → read their spans back as
-transitions (credit/) → advantages (algorithms/) → policy update → publish weights vN+1 to the engine
-→ metrics, validation, checkpoint. Everything the agent produces goes through the store.
+One step: enqueue each drawn task x group size, tagged with the resources version → runners run the
+agent through the gateway and engine → collect the rollouts, their spans read back as transitions
+(credit/) → advantages (algorithms/) → policy update → publish weights vN+1 to the engine → log.
+Around it, the loop validates and checkpoints when due; when each step's rollouts start and whether
+another step fits the time budget is the scheduler's (`scheduling.py`). Everything the agent
+produces goes through the store.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import copy
 import gc
 import random
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,18 +33,20 @@ from reinforge.training.checkpoint import CheckpointMeta, latest_checkpoint, loa
 from reinforge.training.checkpoint import set_rng_state as restore_rng
 from reinforge.training.config import TrainerConfig
 from reinforge.training.data import TaskSampler
-from reinforge.training.metrics import MetricsLog, plot_reward_curve
+from reinforge.training.metrics import MetricsLog, phase_timer, plot_reward_curve
 from reinforge.training.policy import Policy
 from reinforge.training.progress import StepProgress
+from reinforge.training.rollout_stack import RolloutStack
 from reinforge.training.rollouts import (
+    TrainingRollouts,
+    attempt_resources,
     cancel_unfinished,
     finish_and_collect,
     mean_reward,
-    rollout_specs,
     run_rollouts,
     success_rate,
 )
-from reinforge.training.spine import MODEL_NAME, Spine
+from reinforge.training.scheduling import RolloutScheduler
 from reinforge.types import RolloutMode, new_id
 
 Dataset = Sequence[dict[str, Any]]
@@ -70,8 +72,9 @@ class Trainer:
     """Train an agent's policy with RL.
 
     `model` is a Hugging Face causal LM or the path of a `save_pretrained` folder (its tokenizer is
-    loaded from there when `tokenizer` is None). Keyword overrides set `TrainerConfig` fields:
-    `Trainer(model=m, algorithm=GRPO(group_size=8), runners=2, max_steps=50)`.
+    loaded from there when `tokenizer` is None). Keyword overrides set `TrainerConfig` fields on top
+    of `config`; a group given as a dict changes only the fields it names, a group given as an object
+    replaces the whole group: `Trainer(m, tok, run_dir="runs/a", schedule={"max_steps": 50})`.
     """
 
     def __init__(
@@ -96,9 +99,13 @@ class Trainer:
         self.tokenizer = tokenizer
         self.algorithm: Algorithm = algorithm or GRPO()
         self.credit = credit or CreditConfig()
-        base = config or TrainerConfig()
+        base = (config or TrainerConfig()).model_dump()
+        merged = {
+            key: {**base[key], **value} if _is_group_patch(value, base.get(key)) else value
+            for key, value in overrides.items()
+        }
         try:
-            self.config = TrainerConfig.model_validate({**base.model_dump(), **overrides})
+            self.config = TrainerConfig.model_validate({**base, **merged})
         except ValueError as exc:
             raise InvalidRequestError(f"invalid trainer settings: {exc}") from exc
         if (
@@ -121,7 +128,7 @@ class Trainer:
             raise InvalidRequestError("the training dataset is empty")
         cfg = self.config
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        token = cfg.store_token.get_secret_value() if cfg.store_token is not None else None
+        token = cfg.store.token.get_secret_value() if cfg.store.token is not None else None
         store = await open_store(cfg.store_location, token)
         try:
             return await self._fit(store, agent, list(train_dataset), list(val_dataset))
@@ -135,29 +142,131 @@ class Trainer:
         train: list[dict[str, Any]],
         val: list[dict[str, Any]],
     ) -> FitResult:
-        cfg, algo = self.config, self.algorithm
+        cfg = self.config
         _seed_everything(cfg.seed)
+        run = await self._open_run(store, agent, train, val)
+        try:
+            _freeze_heap()
+            val_before = await self._validate_before(run)
+            scheduler = RolloutScheduler(
+                cfg.schedule,
+                run.queue,
+                runner_slots=cfg.runners.slots,
+                rollouts_per_step=cfg.rollouts.tasks_per_step * self.algorithm.group_size,
+                runner_processes=cfg.runners.processes > 0,
+                rl_seconds=run.rl_seconds,
+            )
+            # Stop before a step that would likely end past the budget, not after it.
+            while run.step < cfg.schedule.max_steps and scheduler.fits(1):
+                run.stack.check_runners()
+                run.step += 1
+                with scheduler.time_step():
+                    record = await self._step(run, scheduler)
+                    if self._validation_due(run.step):
+                        record.update(await self._validate(run, f"s{run.step}"))
+                record["time/rl_s"] = scheduler.rl_seconds
+                run.log.log(run.step, record)
+                run.progress.advance(run.step, record)
+                if cfg.checkpoints.every and run.step % cfg.checkpoints.every == 0:
+                    self._checkpoint(run, scheduler.rl_seconds)
+            await scheduler.cancel_ahead()
+            run.rl_seconds = scheduler.rl_seconds
+            if run.resumed_from is None or run.step > run.resumed_from:
+                self._checkpoint(run, run.rl_seconds)
+            val_after = await self._validate(run, "after")
+            if val_after:
+                run.log.log(run.step, {"final": 1, **val_after})
+                run.progress.note("after training: " + _fmt(val_after))
+        finally:
+            gc.unfreeze()
+            run.progress.close()
+            await run.stack.stop()
+            run.log.close()
+        records = run.log.records()
+        curve = None
+        if any("train/reward" in r for r in records):
+            curve = plot_reward_curve(records, cfg.run_dir / "reward_curve.png")
+        return FitResult(
+            run_dir=cfg.run_dir,
+            steps=run.step,
+            policy_version=run.version,
+            rl_seconds=run.rl_seconds,
+            resumed_from=run.resumed_from,
+            val_before=val_before,
+            val_after=val_after,
+            curve=curve,
+            dashboard_url=run.stack.dashboard_url,
+            history=records,
+        )
+
+    async def _step(self, run: _Run, scheduler: RolloutScheduler) -> dict[str, Any]:
+        """One RL step, `run.step`: enqueue → collect (with credit) → advantages → update → publish.
+
+        Returns the step's metrics record, each phase's wall time in it as `time/<phase>_s`.
+        """
+        cfg, algo = self.config, self.algorithm
+        times: dict[str, float] = {}
+        with phase_timer("step", times):
+            with phase_timer("enqueue", times):
+                batch = await scheduler.start_step(run.step, run.version)
+            run.data_position = batch.data_position  # a checkpoint after this step resumes here
+            with phase_timer("collect", times):
+                # Credit is assigned as each rollout ends (its spans read while the others still
+                # run), so when the last one ends only its own transitions are left to build.
+                rollouts, transitions, credit = await run.stack.watch(
+                    finish_and_collect(run.store, batch.rollout_ids, cfg.rollouts.step_timeout_s, self.credit)
+                )
+            with phase_timer("enqueue", times):
+                await scheduler.rollouts_collected(run.step, run.version)
+            with phase_timer("advantages", times):
+                values = (
+                    await asyncio.to_thread(run.policy.values, transitions) if isinstance(algo, PPO) else None
+                )
+                advantages = compute_advantages(transitions, algo, values=values)
+            learning_rate = cfg.optim.learning_rate_at(scheduler.run_progress(run.step - 1))
+            with phase_timer("update", times):
+                run.policy.set_learning_rate(learning_rate)
+                update = await asyncio.to_thread(run.policy.update, transitions, advantages.returns)
+            with phase_timer("publish", times):
+                run.version += 1
+                await run.stack.publish(run.policy.engine_state(), run.version)
+        return {
+            "policy_version": run.version,
+            "train/reward": mean_reward(rollouts),
+            "train/success": success_rate(rollouts),
+            "train/rollouts": len(rollouts),
+            "update/learning_rate": learning_rate,
+            **times,
+            **credit.as_dict(),
+            **advantages.metrics,
+            **update,
+        }
+
+    async def _open_run(
+        self,
+        store: Store,
+        agent: Agent | AgentFunction | CommandAgent,
+        train: list[dict[str, Any]],
+        val: list[dict[str, Any]],
+    ) -> _Run:
+        """The policy (resumed from the run folder's last checkpoint when there is one), and the
+        rollout stack serving it, started."""
+        cfg = self.config
         # The engine serves its own copy (taken before LoRA wraps the model): the trainer's weights
         # change in place during an update, the engine's only when a version is published.
         engine_model = copy.deepcopy(self.model).eval()
         policy = Policy(
             self.model,
-            algo,
+            self.algorithm,
+            cfg.optim,
             pad_token_id=int(self.tokenizer.pad_token_id),
-            learning_rate=cfg.learning_rate,
-            weight_decay=cfg.weight_decay,
-            max_grad_norm=cfg.max_grad_norm,
-            micro_batch_tokens=cfg.micro_batch_tokens,
-            epochs_per_batch=cfg.epochs_per_batch,
-            temperature=cfg.temperature,
-            lora=cfg.lora,
+            temperature=cfg.rollouts.temperature,
         )
         sampler = TaskSampler(len(train), seed=cfg.seed)
         log = MetricsLog(cfg.run_dir)
         step, version, rl_seconds, resumed_from = 0, 0, 0.0, None
-
         # Resume: weights, optimiser, step, RNG, data position and the time already spent.
-        checkpoint = latest_checkpoint(cfg.run_dir / "checkpoints") if cfg.resume else None
+        checkpoint = latest_checkpoint(cfg.run_dir / "checkpoints") if cfg.checkpoints.resume else None
         if checkpoint is not None:
             meta, policy_state, rng = load_checkpoint(checkpoint)
             policy.load_state_dict(policy_state)
@@ -169,238 +278,130 @@ class Trainer:
                 meta.rl_seconds,
                 meta.step,
             )
-            log.truncate_after(step)
-        else:
-            log.truncate_after(-1)
+        log.truncate_after(step if checkpoint is not None else -1)
         # A killed session may have left rollouts behind; they would hold runners' slots.
         await cancel_unfinished(store)
-
-        spine = Spine(
+        stack = RolloutStack(
             store,
             engine_model,
             self.tokenizer,
             cfg.run_dir,
+            cfg.engine,
             policy_version=version,
-            engine_max_batch_size=cfg.engine_max_batch_size,
-            engine_max_seq_len=cfg.engine_max_seq_len,
-            engine_process=cfg.engine_process,
             seed=cfg.seed,
         )
         session = new_id()[:8]
-        await spine.start(
-            agent,
-            runners=cfg.runners,
-            concurrency=cfg.runner_concurrency,
-            timeout_s=cfg.rollout_timeout_s,
-            processes=cfg.runner_processes,
-            processes_nice=cfg.runner_processes_nice,
-        )
+        await stack.start(agent, cfg.runners, rollout_timeout_s=cfg.rollouts.timeout_s)
         if checkpoint is not None:
-            await spine.publish(policy.engine_state(), version)
-        progress = StepProgress(cfg.max_steps, start=step, enabled=cfg.progress)
-        progress.note(f"run folder {cfg.run_dir}  dashboard {spine.dashboard_url}")
-
-        async def validate(tag: str) -> dict[str, float]:
-            """Held-out success, sampled at the training temperature and (optionally) greedy."""
-            if not val:
-                return {}
-            out: dict[str, float] = {}
-            runs = [("val/success", cfg.temperature)] + (
-                [("val/greedy_success", 0.0)] if cfg.val_greedy else []
-            )
-            for key, temperature in runs:
-                rv = await store.put_resources(self._resources(version, temperature))
-                rollouts = await spine.watch(
-                    run_rollouts(
-                        store,
-                        list(enumerate(val)),
-                        prefix=f"{session}-{tag}-{key.split('/')[1]}",
-                        group_size=1,
-                        mode=RolloutMode.val,
-                        resources_version=rv.version,
-                        timeout_s=cfg.step_timeout_s,
-                    )
-                )
-                out[key] = success_rate(rollouts)
-            return out
-
-        history_before = [r for r in log.records() if r.get("step") == 0 and "val/success" in r]
-        try:
-            _freeze_heap()
-            if history_before:
-                val_before = {k: v for k, v in history_before[-1].items() if k.startswith("val/")}
-            else:
-                val_before = await validate("before")
-                if val_before:
-                    log.log(0, val_before)
-                    progress.note("before training: " + _fmt(val_before))
-            started = time.monotonic() - rl_seconds
-            recent_steps_s: collections.deque[float] = collections.deque(maxlen=_BUDGET_STEPS)
-            sampler_state = sampler.state_dict()
-            ahead: list[str] | None = None  # the next step's rollouts, started early
-            # Prefetching while this step generates needs free runner slots for the next step's
-            # agents (they hold theirs while they wait); without them it starts after this step's
-            # rollouts end, so that its waiting agents can never take a slot a retry needs.
-            # In-process agents would run their pre-call Python under this process's interpreter lock,
-            # slowing the update more than it saves: by default only runner processes prefetch.
-            prefetch = cfg.runner_processes > 0 if cfg.prefetch_rollouts is None else cfg.prefetch_rollouts
-            slots = (cfg.runner_processes or cfg.runners) * cfg.runner_concurrency
-            prefetch_early = prefetch and slots >= 2 * cfg.tasks_per_step * algo.group_size
-
-            def budget_left(steps: int) -> bool:
-                """Whether `steps` more steps likely fit in the time budget."""
-                if cfg.max_minutes is None:
-                    return True
-                longest = max(recent_steps_s, default=0.0)
-                return time.monotonic() - started + steps * longest <= cfg.max_minutes * 60
-
-            async def start_step(number: int, policy_version: int, *, hold: bool = False) -> list[str]:
-                """Enqueue step `number`'s rollouts, sampled by `policy_version`; with `hold`, their
-                calls wait at the gateway until that version is published."""
-                indices = sampler.next_batch(cfg.tasks_per_step)
-                rv = await store.put_resources(self._resources(policy_version, cfg.temperature))
-                specs = rollout_specs(
-                    [(i, train[i]) for i in indices],
-                    prefix=f"{session}-s{number}",
-                    group_size=algo.group_size,
-                    mode=RolloutMode.train,
-                    resources_version=rv.version,
-                )
-                if hold:
-                    spine.hold([str(s.rollout_id) for s in specs], policy_version)
-                return [r.rollout_id for r in await store.enqueue_rollouts(specs)]
-
-            def may_start_ahead() -> bool:
-                return ahead is None and step < cfg.max_steps and budget_left(2)
-
-            while step < cfg.max_steps:
-                # Stop before a step that would likely end past the budget, not after it.
-                if not budget_left(1):
-                    break
-                spine.check_runners()
-                t0 = time.monotonic()
-                step += 1
-                ids = ahead if ahead is not None else await start_step(step, version)
-                ahead = None
-                sampler_state = sampler.state_dict()  # a checkpoint after this step resumes here
-                if prefetch_early and not cfg.overlap_rollouts and may_start_ahead():
-                    # The next step's agents start while this step generates; their LLM calls wait
-                    # at the gateway until the next version is published (strictly on-policy).
-                    ahead = await start_step(step + 1, version + 1, hold=True)
-                rollouts, transitions, credit_metrics = await spine.watch(
-                    finish_and_collect(store, ids, cfg.step_timeout_s, self.credit)
-                )
-                t_rollout = time.monotonic() - t0
-                if may_start_ahead():
-                    if cfg.overlap_rollouts:
-                        # Generated by this version while it is being updated: one version behind
-                        # when trained on (behaviour logprobs recorded, TIS weighs the lag).
-                        ahead = await start_step(step + 1, version)
-                    elif prefetch:
-                        # As above, with the agents starting during the update instead.
-                        ahead = await start_step(step + 1, version + 1, hold=True)
-                values = (
-                    await asyncio.to_thread(policy.values, transitions) if isinstance(algo, PPO) else None
-                )
-                advantages = compute_advantages(transitions, algo, values=values)
-                t1 = time.monotonic()
-                run_done = (step - 1) / max(cfg.max_steps, 1)
-                if cfg.max_minutes is not None:
-                    run_done = max(run_done, (t1 - started) / (cfg.max_minutes * 60))
-                learning_rate = cfg.learning_rate_at(run_done)
-                policy.set_learning_rate(learning_rate)
-                update = await asyncio.to_thread(policy.update, transitions, advantages.returns)
-                t_update = time.monotonic() - t1
-                version += 1
-                await spine.publish(policy.engine_state(), version)
-                record: dict[str, Any] = {
-                    "policy_version": version,
-                    "train/reward": mean_reward(rollouts),
-                    "train/success": success_rate(rollouts),
-                    "train/rollouts": len(rollouts),
-                    "time/rollout_s": t_rollout,
-                    "time/update_s": t_update,
-                    "time/step_s": time.monotonic() - t0,
-                    "update/learning_rate": learning_rate,
-                    **credit_metrics.as_dict(),
-                    **advantages.metrics,
-                    **update,
-                }
-                if cfg.val_every and step % cfg.val_every == 0 and step < cfg.max_steps:
-                    record.update(await validate(f"s{step}"))
-                record["time/rl_s"] = time.monotonic() - started
-                recent_steps_s.append(time.monotonic() - t0)
-                log.log(step, record)
-                progress.advance(step, record)
-                if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-                    self._checkpoint(policy, sampler_state, step, version, time.monotonic() - started)
-            if ahead is not None:
-                # Started for a step the budget then left out: not trained on, so not left running.
-                await store.cancel_rollouts(ahead)
-                spine.drop_holds(ahead)
-            rl_seconds = time.monotonic() - started
-            if resumed_from is None or step > resumed_from:
-                self._checkpoint(policy, sampler_state, step, version, rl_seconds)
-            val_after = await validate("after")
-            if val_after:
-                log.log(step, {"final": 1, **val_after})
-                progress.note("after training: " + _fmt(val_after))
-        finally:
-            gc.unfreeze()
-            progress.close()
-            await spine.stop()
-            log.close()
-        records = log.records()
-        curve = None
-        if any("train/reward" in r for r in records):
-            curve = plot_reward_curve(records, cfg.run_dir / "reward_curve.png")
-        return FitResult(
-            run_dir=cfg.run_dir,
-            steps=step,
-            policy_version=version,
+            await stack.publish(policy.engine_state(), version)
+        progress = StepProgress(cfg.schedule.max_steps, start=step, enabled=cfg.progress)
+        progress.note(f"run folder {cfg.run_dir}  dashboard {stack.dashboard_url}")
+        queue = TrainingRollouts(
+            store, stack, sampler, train, cfg.rollouts, group_size=self.algorithm.group_size, prefix=session
+        )
+        return _Run(
+            store=store,
+            stack=stack,
+            policy=policy,
+            queue=queue,
+            log=log,
+            progress=progress,
+            session=session,
+            val=val,
+            step=step,
+            version=version,
             rl_seconds=rl_seconds,
             resumed_from=resumed_from,
-            val_before=val_before,
-            val_after=val_after,
-            curve=curve,
-            dashboard_url=spine.dashboard_url,
-            history=records,
+            data_position=sampler.state_dict(),
         )
 
-    def _resources(self, version: int, temperature: float) -> dict[str, Any]:
-        """What an attempt is given: the model name, the policy version and how to sample."""
-        return {
-            "llm": {"model": MODEL_NAME},
-            "policy_version": version,
-            "sampling": {"temperature": temperature, "max_tokens": self.config.max_tokens},
-        }
+    def _validation_due(self, step: int) -> bool:
+        """Every `val_every` steps, except after the last step: the "after" validation follows it."""
+        every, last = self.config.schedule.val_every, self.config.schedule.max_steps
+        return every > 0 and step % every == 0 and step < last
 
-    def _checkpoint(
-        self, policy: Policy, sampler_state: dict[str, Any], step: int, version: int, rl_seconds: float
-    ) -> None:
-        """`sampler_state` is the data position after the last trained step (a step started ahead
-        is drawn again on resume)."""
-        meta = CheckpointMeta(step=step, policy_version=version, sampler=sampler_state, rl_seconds=rl_seconds)
-        save_checkpoint(
-            self.config.run_dir / "checkpoints", meta, policy.state_dict(), keep=self.config.keep_checkpoints
+    async def _validate_before(self, run: _Run) -> dict[str, float]:
+        """The held-out numbers before training: measured now, or kept from the first session."""
+        before = [r for r in run.log.records() if r.get("step") == 0 and "val/success" in r]
+        if before:
+            return {k: v for k, v in before[-1].items() if k.startswith("val/")}
+        measured = await self._validate(run, "before")
+        if measured:
+            run.log.log(0, measured)
+            run.progress.note("before training: " + _fmt(measured))
+        return measured
+
+    async def _validate(self, run: _Run, tag: str) -> dict[str, float]:
+        """Held-out success, sampled at the training temperature and (optionally) greedy."""
+        if not run.val:
+            return {}
+        cfg = self.config
+        out: dict[str, float] = {}
+        runs = [("val/success", cfg.rollouts.temperature)] + (
+            [("val/greedy_success", 0.0)] if cfg.schedule.val_greedy else []
         )
+        for key, temperature in runs:
+            resources = attempt_resources(run.version, temperature, cfg.rollouts.max_tokens)
+            rv = await run.store.put_resources(resources)
+            rollouts = await run.stack.watch(
+                run_rollouts(
+                    run.store,
+                    list(enumerate(run.val)),
+                    prefix=f"{run.session}-{tag}-{key.split('/')[1]}",
+                    group_size=1,
+                    mode=RolloutMode.val,
+                    resources_version=rv.version,
+                    timeout_s=cfg.rollouts.step_timeout_s,
+                )
+            )
+            out[key] = success_rate(rollouts)
+        return out
+
+    def _checkpoint(self, run: _Run, rl_seconds: float) -> None:
+        """The data position saved is after the last trained step (a step started ahead is drawn
+        again on resume)."""
+        meta = CheckpointMeta(
+            step=run.step, policy_version=run.version, sampler=run.data_position, rl_seconds=rl_seconds
+        )
+        checkpoints = self.config.run_dir / "checkpoints"
+        save_checkpoint(checkpoints, meta, run.policy.state_dict(), keep=self.config.checkpoints.keep)
 
 
-_BUDGET_STEPS = 5
-"""Steps whose longest duration predicts the next one's for `max_minutes`: step times vary (longer
-answers, a slow validation), and predicting with the last one alone let runs end past the budget."""
+@dataclass
+class _Run:
+    """One fit's moving parts and position: what the step function reads and advances."""
+
+    store: Store
+    stack: RolloutStack
+    policy: Policy
+    queue: TrainingRollouts
+    log: MetricsLog
+    progress: StepProgress
+    session: str
+    val: list[dict[str, Any]]
+    step: int
+    version: int
+    rl_seconds: float
+    resumed_from: int | None
+    data_position: dict[str, Any]
 
 
 def _freeze_heap() -> None:
-    """Move everything alive now (model, tokenizer, libraries, spine) out of the collector's reach.
+    """Move everything alive now (model, tokenizer, libraries, rollout stack) out of the collector's
+    reach.
 
     A step allocates enough container objects to trigger a full (generation 2) collection every few
-    steps, and a full collection walks the whole heap: ~330 ms here, over half a step. What exists
-    before training lives until the end, so it is frozen (`gc.freeze`) and unfrozen when fit ends;
-    later collections walk only what training itself allocated.
+    steps, and a full collection walks the whole heap, a large share of a step (docs/training.md).
+    What exists before training lives until the end, so it is frozen (`gc.freeze`) and unfrozen when
+    fit ends; later collections walk only what training itself allocated.
     """
     gc.collect()
     gc.freeze()
+
+
+def _is_group_patch(value: Any, current: Any) -> bool:
+    """A dict override of a group: it changes the fields it names and keeps the rest."""
+    return isinstance(value, dict) and isinstance(current, dict)
 
 
 def _seed_everything(seed: int) -> None:
