@@ -9,14 +9,14 @@ from typing import Any
 
 import uvicorn
 
-from reinforge.gateway.fastpath import GatewayHttpProtocol
+from reinforge.net.route_protocol import RouteTableProtocol
 
 
 async def serve_until_stdin_closes(app: Any, port: int) -> None:
-    """Serve `app` on 127.0.0.1:`port` with the gateway's HTTP protocol (as `BackgroundServer`, so the
+    """Serve `app` on 127.0.0.1:`port` with `RouteTableProtocol` (as `BackgroundServer`, so the
     trainer, serves it) until the parent process closes this process's stdin: the stop signal."""
     config = uvicorn.Config(
-        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http=GatewayHttpProtocol
+        app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http=RouteTableProtocol
     )
     server = uvicorn.Server(config)
     loop = asyncio.get_running_loop()

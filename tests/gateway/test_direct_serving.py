@@ -1,4 +1,4 @@
-"""The gateway's routes served by `GatewayHttpProtocol` answer exactly as through the ASGI stack,
+"""The gateway's routes served by `RouteTableProtocol` answer exactly as through the ASGI stack,
 over the HTTP/1.1 details a lean path could get wrong: pipelining, a body that comes after the head,
 chunked bodies, `Connection: close`, and a parent app whose middleware must not be skipped."""
 
@@ -14,16 +14,18 @@ from typing import Any
 import httpx
 import uvicorn
 from fastapi import FastAPI
+from starlette.applications import Starlette
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 from reinforge.access import attempt_token
 from reinforge.gateway import create_gateway_app
-from reinforge.gateway.fastpath import GatewayHttpProtocol, find_route, hot_routes
 from reinforge.inference import ScriptedBackend
 from reinforge.net.background import BackgroundServer
+from reinforge.net.route_protocol import RouteTableProtocol, find_route, served_routes
+from reinforge.net.routes import Route as TableRoute
+from reinforge.net.routes import RouteRequest, RouteTable
 from reinforge.store.http.server import create_store_app
 from reinforge.store.memory import MemoryStore
 from reinforge.types import SpanQuery
@@ -36,25 +38,28 @@ CHAT = json.dumps({"model": "p", "messages": [{"role": "user", "content": "hi"}]
 def test_the_route_table_covers_the_gateway_alone_and_mounted(tokenizer: Any) -> None:
     store = MemoryStore()
     alone = create_gateway_app(store, ScriptedBackend(tokenizer, ["x"]), SECRET)
-    table = hot_routes(alone)
+    table = served_routes(alone)
     found = find_route(table, "POST", "/r/a1/v1/chat/completions")
-    assert found is not None and found[1] == {"attempt_id": "a1"}
+    assert found is not None and found[2] == {"attempt_id": "a1"}
     found = find_route(table, "POST", "/r/a1/agents/planner/v1/completions")
-    assert found is not None and found[1] == {"attempt_id": "a1", "agent_name": "planner"}
+    assert found is not None and found[2] == {"attempt_id": "a1", "agent_name": "planner"}
     assert find_route(table, "GET", "/r/a1/v1/chat/completions") is None  # 405: the app answers
     assert find_route(table, "POST", "/r/a1/v1/chat/completions/extra") is None
     assert find_route(table, "GET", "/health") is not None
 
     parent = create_store_app(store, "store-token")
     parent.mount("/gateway", alone)
-    mounted = hot_routes(parent)
+    mounted = served_routes(parent)
     found = find_route(mounted, "POST", "/gateway/r/a-1/v1/chat/completions")
-    assert found is not None and found[1] == {"attempt_id": "a-1"}
+    assert found is not None and found[2] == {"attempt_id": "a-1"}
     assert find_route(mounted, "POST", "/r/a1/v1/chat/completions") is None
-    assert find_route(mounted, "GET", "/store/counters") is None  # the store's routes stay its own
+    assert find_route(mounted, "GET", "/store/counters") is None  # the store's other routes stay its own
+    found = find_route(mounted, "POST", "/store/rollouts/lease")  # its per-rollout table is served too
+    assert found is not None and found[1] is parent.state.route_table
 
     alone.add_middleware(BaseHTTPMiddleware, dispatch=_tag)
-    assert hot_routes(alone) == [] and hot_routes(parent) == []  # its middleware must run
+    assert served_routes(alone) == []  # its middleware must run
+    assert {table for *_, table in served_routes(parent)} == {parent.state.route_table}  # the store's own
 
 
 async def _tag(request: Request, call_next: RequestResponseEndpoint) -> Response:
@@ -207,7 +212,7 @@ async def test_a_parent_apps_middleware_still_runs(tokenizer: Any) -> None:
     parent = FastAPI()
     parent.add_middleware(BaseHTTPMiddleware, dispatch=_tag)
     parent.mount("/gateway", create_gateway_app(store, ScriptedBackend(tokenizer, ["tagged"]), SECRET))
-    assert hot_routes(parent) == []
+    assert served_routes(parent) == []
     with BackgroundServer(parent) as server:
         attempt_id = (await running_attempt(store)).attempt.attempt_id
         async with httpx.AsyncClient(base_url=server.url + "/gateway") as http:
@@ -220,28 +225,31 @@ async def test_a_parent_apps_middleware_still_runs(tokenizer: Any) -> None:
         assert response.json()["choices"][0]["message"]["content"] == "tagged"
 
 
-async def test_the_served_routes_skip_the_asgi_stack(tokenizer: Any) -> None:
-    """A route only the fast path knows answers, and sees no router in its scope: the fast path is
-    engaged under `BackgroundServer` (a uvicorn change that dropped its hook would fail here)."""
-    store = MemoryStore()
-    app = create_gateway_app(store, ScriptedBackend(tokenizer, ["x"]), SECRET)
+async def test_the_served_routes_skip_the_asgi_stack() -> None:
+    """A route only the table knows answers (through the ASGI app it would be a 404): the direct
+    path is engaged under `BackgroundServer` (a uvicorn change that dropped its hook would fail here)."""
 
-    async def probe(request: Request) -> Response:
-        return Response(b"no router" if "router" not in request.scope else b"router")
+    async def probe(request: RouteRequest) -> Response:
+        return Response(b"direct " + request.body)
 
-    app.state.gateway_routes.append(Route("/probe", probe, methods=["GET"]))
+    app = Starlette()
+    app.state.route_table = RouteTable(
+        [TableRoute("POST", "/probe", probe)],
+        max_body_bytes=1024,
+        on_error=lambda _, exc: Response(status_code=500),
+    )
     with BackgroundServer(app) as server:
         async with httpx.AsyncClient(base_url=server.url) as http:
-            answer = await http.get("/probe")
-            assert (answer.status_code, answer.content) == (200, b"no router")
-            assert (await http.get("/health")).json()["status"] == "ok"
+            answer = await http.post("/probe", content=b"hello")
+            assert (answer.status_code, answer.content) == (200, b"direct hello")
+            assert (await http.get("/elsewhere")).status_code == 404  # the app's own answer
 
 
 async def test_keep_alive_closes_an_idle_connection_only(tokenizer: Any) -> None:
     """A connection in use stays open past the keep-alive timeout; one left idle for it is closed."""
     app = create_gateway_app(MemoryStore(), ScriptedBackend(tokenizer, ["x"]), SECRET)
     config = uvicorn.Config(
-        app, http=GatewayHttpProtocol, timeout_keep_alive=0.5, log_level="warning", lifespan="off"
+        app, http=RouteTableProtocol, timeout_keep_alive=0.5, log_level="warning", lifespan="off"
     )
     server = uvicorn.Server(config)
     listener = socket.socket()

@@ -6,6 +6,7 @@ app = create_gateway_app(store, backend, secret)      # serve it, or mount it be
 
 from reinforge.gateway.app import create_gateway_app
 from reinforge.gateway.recorder import SpanRecorder
-from reinforge.gateway.service import DEFAULT_MAX_BODY_BYTES, Gateway
+from reinforge.gateway.routes import DEFAULT_MAX_BODY_BYTES
+from reinforge.gateway.service import Gateway
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "Gateway", "SpanRecorder", "create_gateway_app"]

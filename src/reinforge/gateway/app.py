@@ -15,11 +15,10 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
 
-from reinforge.gateway.endpoints import Endpoints, guarded
 from reinforge.gateway.errors import error_response
-from reinforge.gateway.service import DEFAULT_MAX_BODY_BYTES, Gateway
+from reinforge.gateway.routes import DEFAULT_MAX_BODY_BYTES, GatewayRoutes
+from reinforge.gateway.service import Gateway
 from reinforge.inference.contract import Backend
 from reinforge.store.protocol import Store
 
@@ -41,18 +40,19 @@ def create_gateway_app(
 
     Serve it alone or mount it beside the store server (`store_app.mount("/gateway", app)`); agents use
     `<url>/r/<attempt_id>/v1` as their OpenAI base URL and `attempt_token(secret, attempt_id)` as key.
+    Its routes are a `RouteTable` (at `app.state.route_table`), which `BackgroundServer` serves
+    without the ASGI stack.
     """
     gateway = Gateway(
         store,
         backend,
         secret,
-        max_body_bytes=max_body_bytes,
         attempt_cache_ttl_s=attempt_cache_ttl_s,
         max_queued_spans=max_queued_spans,
         max_span_batch=max_span_batch,
         span_linger_s=span_linger_s,
     )
-    e = Endpoints(gateway)
+    table = GatewayRoutes(gateway).table(max_body_bytes)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -60,32 +60,16 @@ def create_gateway_app(
         yield
         await gateway.close()
 
-    routes: list[Route] = []
-    for prefix in ("/r/{attempt_id}/v1", "/r/{attempt_id}/agents/{agent_name}/v1"):
-        routes += [  # the hot routes first: routing tries them in order
-            Route(prefix + "/chat/completions", guarded(e.chat), methods=["POST"]),
-            Route(prefix + "/completions", guarded(e.completions), methods=["POST"]),
-            Route(prefix + "/responses", guarded(e.responses), methods=["POST"]),
-            Route(prefix + "/models", guarded(e.models), methods=["GET"]),
-        ]
-    routes += [
-        Route("/r/{attempt_id}/reward", guarded(e.reward), methods=["POST"]),
-        Route("/r/{attempt_id}/flush", guarded(e.flush), methods=["POST"]),
-        Route("/r/{attempt_id}/finish", guarded(e.finish), methods=["POST"]),
-        Route("/finish", guarded(e.finish_many), methods=["POST"]),
-        Route("/v1/models", guarded(e.models), methods=["GET"]),
-        Route("/health", guarded(e.health), methods=["GET"]),
-    ]
     app = FastAPI(
         title="reinforge gateway",
-        routes=routes,  # type: ignore[arg-type]
+        routes=table.starlette_routes(),  # type: ignore[arg-type]
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
         openapi_url=None,
     )
     app.state.gateway = gateway
-    app.state.gateway_routes = routes  # served without the ASGI stack by fastpath.GatewayHttpProtocol
+    app.state.route_table = table
 
     async def http_error(request: Request, exc: Exception) -> Response:
         status = getattr(exc, "status_code", 500)

@@ -1,7 +1,7 @@
 """Checks that an attempt exists and is running, cheaply enough for every request.
 
-Why a cache: the gateway's added latency budget is about a millisecond, and a store round-trip per
-call would spend it (over HTTP, many times over). The HMAC token already proves the caller was handed
+Why a cache: the gateway's added-latency budget (docs/gateway.md) is smaller than a store round-trip
+over HTTP, so a lookup per call would spend it. The HMAC token already proves the caller was handed
 this attempt; the store is asked once per attempt and again only after `ttl_s`, and concurrent first
 requests for one attempt share a single lookup. Final states are cached for good: they never change.
 """

@@ -1,8 +1,11 @@
-"""The gateway's state: backend, attempt checks, span recorder, the pause gate and policy holds.
+"""The gateway's domain object: backend, attempt checks, span recording, the pause gate, policy holds.
 
-The HTTP handlers (`endpoints.py`) call into one `Gateway`; the trainer holds the same object (at
-`app.state.gateway`) to pause the gateway around a weight update, to hold the next step's calls until
-the policy version they must be sampled by is published, and to flush an attempt's spans.
+`Gateway` never sees an HTTP request: it takes attempt ids, tokens, agent names and generation
+requests, and returns results and recorded spans or raises typed errors (`GatewayHTTPError` and
+the other `reinforge.errors`, which carry their HTTP status). The HTTP layer (`gateway/routes.py`)
+reads requests into those values and writes the answers. The trainer holds the same object (at
+`app.state.gateway`) to pause the gateway around a weight update, to hold the next step's calls
+until the policy version they must be sampled by is published, and to flush an attempt's spans.
 """
 
 from __future__ import annotations
@@ -10,16 +13,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, MutableMapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from starlette.requests import Request
-
 from reinforge import semconv
-from reinforge._headers import bearer_token
 from reinforge.access import attempt_token, finish_token, token_matches
 from reinforge.errors import UpstreamError
-from reinforge.gateway import formats
 from reinforge.gateway.attempts import AttemptGuard, AttemptState
 from reinforge.gateway.errors import GatewayHTTPError
 from reinforge.gateway.recorder import SpanRecorder
@@ -39,7 +39,6 @@ from reinforge.types import (
 
 T = TypeVar("T")
 
-DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 _MAX_CACHED_TOKENS = 65_536
 
 
@@ -51,29 +50,8 @@ a syscall on the hot path (see `CountingIds`)."""
 _DROPPED = -1
 """The version a cancelled rollout's holds are set to: its waiting calls end with a 409."""
 
-_HEADER_INDEX = "reinforge.gateway.headers"
 
-
-def header_index(scope: MutableMapping[str, Any]) -> dict[bytes, bytes]:
-    """The request's headers by (lower-case) name, the first value winning as in
-    `reinforge._headers.scope_header`; built once per request and kept in its scope.
-
-    Why not a scan per lookup: a call reads four or five headers, most of them absent, among the ~17
-    an OpenAI SDK sends; one `dict` built in C costs less than that many scans in Python.
-    """
-    index: dict[bytes, bytes] | None = scope.get(_HEADER_INDEX)
-    if index is None:
-        index = scope[_HEADER_INDEX] = dict(reversed(scope["headers"]))
-    return index
-
-
-def request_header(request: Request, name: bytes) -> str | None:
-    """The first value of header `name` (lower-case), or None."""
-    value = header_index(request.scope).get(name)
-    return None if value is None else value.decode("latin-1")
-
-
-def _traceparent(header: str | None) -> tuple[str, str] | None:
+def parse_traceparent(header: str | None) -> tuple[str, str] | None:
     """(trace_id, parent span id) from a W3C `traceparent` header, so agent spans can nest calls."""
     if not header:
         return None
@@ -84,6 +62,16 @@ def _traceparent(header: str | None) -> tuple[str, str] | None:
     if not all(c in "0123456789abcdef" for c in trace_id + parent) or set(trace_id) == {"0"}:
         return None
     return trace_id, parent
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who a call comes from: a running attempt, the agent's name, and the caller's trace context."""
+
+    state: AttemptState
+    agent: str | None = None
+    trace: tuple[str, str] | None = None
+    """(trace_id, parent span id) from the caller's `traceparent`, or None for the attempt's trace."""
 
 
 class Gateway:
@@ -99,7 +87,6 @@ class Gateway:
         backend: Backend,
         secret: str,
         *,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         attempt_cache_ttl_s: float = 2.0,
         max_queued_spans: int = 4096,
         max_span_batch: int = 256,
@@ -111,13 +98,10 @@ class Gateway:
         self.backend = backend
         self._secret = secret
         self._tokens: dict[str, str] = {}
-        self.max_body_bytes = max_body_bytes
         self.attempts = AttemptGuard(store, ttl_s=attempt_cache_ttl_s)
         self.recorder = SpanRecorder(
             store, max_queue=max_queued_spans, max_batch=max_span_batch, linger_s=span_linger_s
         )
-        texts = getattr(backend, "token_texts", None)
-        self.token_texts: formats.TokenTexts = texts if callable(texts) else formats.token_id_texts
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread_id: int | None = None
         self._paused = False
@@ -301,7 +285,7 @@ class Gateway:
         await self._on_loop(self.recorder.close)
 
     def token_for(self, attempt_id: str) -> str:
-        """The attempt's token, remembered: an HMAC per call is measurable on the hot path."""
+        """The attempt's token, remembered: an HMAC per call would cost more than the rest of a check."""
         token = self._tokens.get(attempt_id)
         if token is None:
             if len(self._tokens) >= _MAX_CACHED_TOKENS:
@@ -322,10 +306,10 @@ class Gateway:
         if self._inflight == 0:
             self._idle.set()
 
-    # -- request plumbing --------------------------------------------------------------------------
+    # -- calls ----------------------------------------------------------------------------------------
 
-    def check_token(self, request: Request, attempt_id: str) -> None:
-        given = bearer_token(request_header(request, b"authorization"))
+    def check_attempt_token(self, attempt_id: str, given: str | None) -> None:
+        """The attempt's own token (the agent's API key) or a 401."""
         if given is None:
             raise GatewayHTTPError(
                 401, "missing bearer token: send the attempt's token as the API key", code="missing_api_key"
@@ -335,12 +319,8 @@ class Gateway:
                 401, f"the token is not valid for attempt {attempt_id!r}", code="invalid_api_key"
             )
 
-    def check_finish_token(self, request: Request, attempt_id: str) -> None:
+    def check_finish_token(self, attempt_id: str, given: str | None) -> None:
         """Finishing needs the runner's token for the attempt; the agent's own token is refused."""
-        self.check_finish_token_value(attempt_id, bearer_token(request_header(request, b"authorization")))
-
-    def check_finish_token_value(self, attempt_id: str, given: str | None) -> None:
-        """`check_finish_token` for a token that came in a body (`POST /finish`)."""
         if not token_matches(finish_token(self._secret, attempt_id), given):
             raise GatewayHTTPError(
                 401,
@@ -349,50 +329,23 @@ class Gateway:
                 code="invalid_api_key",
             )
 
-    async def authorize(self, request: Request) -> AttemptState:
-        """Token (401), then the attempt's existence (404) and state (409)."""
+    async def admit(
+        self, attempt_id: str, token: str | None, agent: str | None = None, traceparent: str | None = None
+    ) -> Caller:
+        """A caller of a running attempt: its token (401), then its existence (404) and state (409)."""
         self.bind()
-        attempt_id = request.path_params["attempt_id"]
-        self.check_token(request, attempt_id)
-        return await self.attempts.require_running(attempt_id)
+        self.check_attempt_token(attempt_id, token)
+        state = await self.attempts.require_running(attempt_id)
+        return Caller(state, agent, parse_traceparent(traceparent))
 
-    async def wait_for_policy(self, state: AttemptState) -> None:
-        """Wait while the attempt's rollout is held for an unreleased policy (409 if it was dropped).
+    async def wait_for_policy(self, caller: Caller) -> None:
+        """Wait while the caller's rollout is held for an unreleased policy (409 if it was dropped).
 
-        Endpoints call it once the request is parsed: when the version is released, a held call
-        has only its generation left to start, so the step's calls reach the engine together.
+        The HTTP layer calls it once the request is parsed: when the version is released, a held
+        call has only its generation left to start, so the step's calls reach the engine together.
         """
         if self._holds:
-            await self._wait_for_policy(state)
-
-    async def read_json(self, request: Request) -> Any:
-        limit = self.max_body_bytes
-        length = request_header(request, b"content-length")
-        if length is not None:
-            if not length.isdigit():
-                raise GatewayHTTPError(400, "invalid Content-Length header")
-            if int(length) > limit:
-                raise GatewayHTTPError(413, f"request body of {length} bytes exceeds the {limit}-byte limit")
-            raw = await request.body()
-        else:
-            chunks, size = [], 0
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    raise GatewayHTTPError(413, f"request body exceeds the {limit}-byte limit")
-                chunks.append(chunk)
-            raw = b"".join(chunks)
-        if not raw:
-            raise GatewayHTTPError(400, "the request body is empty; send a JSON object")
-        try:
-            return formats.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise GatewayHTTPError(400, f"the request body is not valid JSON: {exc}") from None
-
-    @staticmethod
-    def agent_name(request: Request) -> str | None:
-        name = request.path_params.get("agent_name") or request_header(request, b"x-reinforge-agent")
-        return name or None
+            await self._wait_for_policy(caller.state)
 
     def _check_result(self, result: GenerationResult) -> GenerationResult:
         if len(result.logprobs) != len(result.completion_token_ids):
@@ -404,21 +357,22 @@ class Gateway:
 
     async def record_call(
         self,
-        request: Request,
-        state: AttemptState,
+        caller: Caller,
         *,
         endpoint: str,
-        body: dict[str, Any],
-        response: dict[str, Any],
+        request_body: dict[str, Any],
+        response_body: dict[str, Any],
         result: GenerationResult,
         started: float,
         latency_ms: float,
-    ) -> None:
+    ) -> Span:
+        """Record one LLM call as a span: the exact token ids and logprobs, and both bodies."""
+        state = caller.state
         attributes: dict[str, Any] = {
             semconv.ATTR_STEP_KIND: semconv.STEP_LLM,
             semconv.ATTR_LLM_ENDPOINT: endpoint,
-            semconv.ATTR_LLM_REQUEST: body,
-            semconv.ATTR_LLM_RESPONSE: response,
+            semconv.ATTR_LLM_REQUEST: request_body,
+            semconv.ATTR_LLM_RESPONSE: response_body,
             semconv.ATTR_PROMPT_TOKEN_IDS: result.prompt_token_ids,
             semconv.ATTR_COMPLETION_TOKEN_IDS: result.completion_token_ids,
             semconv.ATTR_COMPLETION_LOGPROBS: result.logprobs,
@@ -429,27 +383,35 @@ class Gateway:
             semconv.ATTR_MALFORMED_TOOL_CALL: result.malformed_tool_call,
             semconv.ATTR_SEQUENCE_IN_ATTEMPT: state.take_sequence(),
         }
-        agent = self.agent_name(request)
-        if agent is not None:
-            attributes[semconv.ATTR_AGENT_NAME] = agent
+        if caller.agent is not None:
+            attributes[semconv.ATTR_AGENT_NAME] = caller.agent
         if result.malformed_tool_call:
             attributes[semconv.ATTR_AIR_SIGNAL] = semconv.AIR_MALFORMED_TOOL_CALL
-        await self._record(request, state, semconv.SPAN_LLM_CALL, SpanKind.client, attributes, started)
+        span = await self._record(caller, semconv.SPAN_LLM_CALL, SpanKind.client, attributes, started)
         self.calls += 1
+        return span
+
+    async def record_reward(self, caller: Caller, value: float, final: bool, name: str | None) -> Span:
+        """Record a reward the agent reported (a final one ends up as the attempt's reward)."""
+        attributes: dict[str, Any] = {
+            semconv.ATTR_STEP_KIND: semconv.STEP_REWARD,
+            semconv.ATTR_REWARD_VALUE: value,
+            semconv.ATTR_SEQUENCE_IN_ATTEMPT: caller.state.take_sequence(),
+        }
+        if name is not None:
+            attributes[semconv.ATTR_REWARD_NAME] = name
+        if caller.agent is not None:
+            attributes[semconv.ATTR_AGENT_NAME] = caller.agent
+        span_name = semconv.SPAN_FINAL_REWARD if final else semconv.SPAN_REWARD
+        return await self._record(caller, span_name, SpanKind.internal, attributes, time.time())
 
     async def _record(
-        self,
-        request: Request,
-        state: AttemptState,
-        name: str,
-        kind: SpanKind,
-        attributes: dict[str, Any],
-        started: float,
+        self, caller: Caller, name: str, kind: SpanKind, attributes: dict[str, Any], started: float
     ) -> Span:
-        parent = _traceparent(request_header(request, b"traceparent"))
-        trace_id, parent_id = parent if parent is not None else (state.trace_id, None)
+        state = caller.state
+        trace_id, parent_id = caller.trace if caller.trace is not None else (state.trace_id, None)
         # Validated: pydantic-core checks these few fields faster than `model_construct` assigns them
-        # in Python (about 2 us against 6 per span), and a bad id fails here, not in the store.
+        # in Python, and a bad id fails here, not in the store.
         span = Span(
             span_id=new_span_id(),  # adjacent ids: the store's span index appends
             trace_id=trace_id,
@@ -468,23 +430,8 @@ class Gateway:
         await self.recorder.record(span)
         return span
 
-    async def record_reward(
-        self, request: Request, state: AttemptState, value: float, final: bool, name: str | None
-    ) -> Span:
-        attributes: dict[str, Any] = {
-            semconv.ATTR_STEP_KIND: semconv.STEP_REWARD,
-            semconv.ATTR_REWARD_VALUE: value,
-            semconv.ATTR_SEQUENCE_IN_ATTEMPT: state.take_sequence(),
-        }
-        if name is not None:
-            attributes[semconv.ATTR_REWARD_NAME] = name
-        agent = self.agent_name(request)
-        if agent is not None:
-            attributes[semconv.ATTR_AGENT_NAME] = agent
-        span_name = semconv.SPAN_FINAL_REWARD if final else semconv.SPAN_REWARD
-        return await self._record(request, state, span_name, SpanKind.internal, attributes, time.time())
-
     async def generate(self, gen: GenerationRequest) -> GenerationResult:
+        """The backend's result inside the pause gate, checked (one logprob per completion token)."""
         await self._enter()
         try:
             return self._check_result(await self.backend.generate(gen))

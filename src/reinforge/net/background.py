@@ -1,7 +1,8 @@
 """Run an ASGI app with uvicorn in a background thread, on 127.0.0.1 and a free port.
 
 The trainer, the tests and the benchmarks all need "start this app, give me its URL, stop it later";
-this is that, once.
+this is that, once. Apps that offer a route table (`reinforge.net.routes`) have it served by
+`RouteTableProtocol`, as the trainer serves them.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from reinforge.gateway.fastpath import GatewayHttpProtocol
+from reinforge.net.route_protocol import RouteTableProtocol
 
 
 class BackgroundServer:
@@ -31,7 +32,7 @@ class BackgroundServer:
         self.host = host
         self.port: int = self._sock.getsockname()[1]
         config = uvicorn.Config(
-            app, log_level=log_level, lifespan="on", access_log=False, http=GatewayHttpProtocol
+            app, log_level=log_level, lifespan="on", access_log=False, http=RouteTableProtocol
         )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(

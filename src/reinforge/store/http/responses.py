@@ -1,18 +1,26 @@
-"""Responses and error envelopes shared by the store server's FastAPI routes and its hot routes.
+"""Responses and the error envelope of the store server, whichever way a request is answered.
 
 Every error leaves as `{"error": {"type": ..., "message": ...}}` with the status of its
-`reinforge.errors` class, whichever of the two paths answered the request.
+`reinforge.errors` class, from the FastAPI routes and the per-rollout route table alike: both send
+what they raise through `error_for`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
+from fastapi.exceptions import RequestValidationError
 from pydantic import TypeAdapter
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
-from starlette.types import Scope
+
+from reinforge.errors import AuthenticationError, ReinforgeError, StoreUnavailableError
+from reinforge.net.routes import BadContentLengthError, BodyTooLargeError, ClientDisconnectedError
+
+logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
@@ -58,8 +66,29 @@ def http_error_type(status_code: int) -> str:
     }.get(status_code, "InvalidRequestError" if status_code < 500 else "ReinforgeError")
 
 
-def route_path(scope: Scope) -> str:
-    """The path the app routes on (without the prefix it may be mounted under)."""
-    path: str = scope["path"]
-    root: str = scope.get("root_path", "")
-    return path[len(root) :] if root and path.startswith(root) else path
+def body_too_large_message(limit: int, declared: int | None) -> str:
+    if declared is not None:
+        return f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+    return f"request body exceeds the limit of {limit} bytes"
+
+
+def error_for(exc: Exception) -> Response:
+    """The error envelope for anything a route raised."""
+    if isinstance(exc, ClientDisconnectedError):
+        exc = StoreUnavailableError(str(exc))
+    if isinstance(exc, RequestValidationError):
+        return validation_error_response(exc.errors())
+    if isinstance(exc, ReinforgeError):
+        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthenticationError) else None
+        if exc.http_status >= 500:
+            logger.warning("store error: %s", exc)
+        return error_response(exc.http_status, type(exc).__name__, str(exc), headers)
+    if isinstance(exc, BodyTooLargeError):
+        return error_response(413, "PayloadTooLargeError", body_too_large_message(exc.limit, exc.declared))
+    if isinstance(exc, BadContentLengthError):
+        return error_response(400, "InvalidRequestError", "Content-Length is not a number")
+    if isinstance(exc, StarletteHTTPException):
+        type_name = http_error_type(exc.status_code)
+        return error_response(exc.status_code, type_name, str(exc.detail), dict(exc.headers or {}) or None)
+    logger.exception("unexpected error in the store server", exc_info=exc)
+    return error_response(500, "ReinforgeError", f"internal error in the store server: {type(exc).__name__}")

@@ -22,11 +22,11 @@ from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from reinforge._headers import bearer_token, scope_header
+from reinforge._headers import scope_header
 from reinforge.dashboard import dashboard_html
-from reinforge.errors import AuthenticationError, ReinforgeError, StoreUnavailableError
+from reinforge.errors import ReinforgeError, StoreUnavailableError
+from reinforge.net.routes import RouteTableFront, route_path
 from reinforge.store.http.adapters import (
-    ADDED,
     ATTEMPT,
     ATTEMPT_PAGE,
     COUNTERS,
@@ -36,14 +36,13 @@ from reinforge.store.http.adapters import (
     ROLLOUTS,
     SPAN_PAGE,
 )
-from reinforge.store.http.auth import tokens_match
-from reinforge.store.http.hot_routes import HotRoutes, check_content_type, ingest_spans, lease, parse_body
-from reinforge.store.http.responses import (
-    error_response,
-    http_error_type,
-    json_response,
-    route_path,
-    validation_error_response,
+from reinforge.store.http.responses import body_too_large_message, error_for, error_response, json_response
+from reinforge.store.http.rollout_routes import (
+    STORE_PREFIX,
+    RolloutRoutes,
+    check_content_type,
+    parse_body,
+    token_problem,
 )
 from reinforge.store.http.wire import (
     AddSpansRequest,
@@ -104,7 +103,7 @@ _BODY_MODELS: set[type[BaseModel]] = set()
 
 
 async def read_body(request: Request, model: type[_M]) -> _M:
-    """The request body parsed as `model` straight from bytes (see `_hot_routes.parse_body`).
+    """The request body parsed as `model` straight from bytes (see `rollout_routes.parse_body`).
 
     Malformed JSON is a 400, a body that does not fit the model a 422. Routes declare the body
     with `openapi_extra=_body_doc(model)`.
@@ -154,9 +153,6 @@ def _add_body_schemas(app: FastAPI, models: Collection[type[BaseModel]]) -> None
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-STORE_PREFIX = "/store"
-
-
 class BearerAuth:
     """Refuses requests under `prefix` without `Authorization: Bearer <token>` (pure ASGI).
 
@@ -180,10 +176,7 @@ class BearerAuth:
         await self.app(scope, receive, send)
 
     def _problem(self, scope: Scope) -> str | None:
-        given = bearer_token(scope_header(scope, b"authorization"))
-        if given is None:
-            return "missing bearer token: send 'Authorization: Bearer <store token>'"
-        return None if tokens_match(given, self.token) else "wrong bearer token for this store"
+        return token_problem(scope_header(scope, b"authorization"), self.token)
 
 
 class BodySizeLimit:
@@ -211,7 +204,7 @@ class BodySizeLimit:
                 )
                 return
             if declared > limit:
-                message = f"request body of {declared} bytes exceeds the limit of {limit} bytes"
+                message = body_too_large_message(limit, declared)
                 await error_response(413, "PayloadTooLargeError", message)(scope, receive, send)
                 return
         received = 0
@@ -222,15 +215,16 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise StarletteHTTPException(413, f"request body exceeds the limit of {limit} bytes")
+                    raise StarletteHTTPException(413, body_too_large_message(limit, None))
             return message
 
         await self.app(scope, limited_receive, send)
 
 
 class _StoreApp(FastAPI):
-    """FastAPI with a lean front: every request passes `front` (auth, body-size limit, the hot
-    routes) before FastAPI's own middleware stack, which only the other routes then pay for."""
+    """FastAPI with a lean front: every request passes `front` (the per-rollout route table, then
+    auth and the body-size limit) before FastAPI's own middleware stack, which only the other
+    routes then pay for."""
 
     front: ASGIApp | None = None
 
@@ -305,17 +299,18 @@ def create_store_app(
     )
     app.state.store_holder = holder
     _add_body_schemas(app, _BODY_MODELS)
-    # Auth runs first (a request without the token is refused before its body is read), then the
-    # body-size limit, then the hot routes; everything else goes on to FastAPI's own stack.
-    app.front = BearerAuth(
-        BodySizeLimit(HotRoutes(app.call_fastapi, holder.get, STORE_PREFIX, on_lease), max_body_bytes),
-        token,
-        STORE_PREFIX + "/",
+    rollout_routes = RolloutRoutes(holder.get, token, max_body_bytes=max_body_bytes, on_lease=on_lease)
+    app.state.route_table = rollout_routes.table  # served without the ASGI stack by BackgroundServer
+    # The per-rollout routes check the token and the body size themselves; for every other request
+    # auth runs first (refused before its body is read), then the body-size limit, then FastAPI.
+    app.front = RouteTableFront(
+        rollout_routes.table,
+        BearerAuth(BodySizeLimit(app.call_fastapi, max_body_bytes), token, STORE_PREFIX + "/"),
     )
     _install_error_handlers(app)
 
     router = APIRouter(prefix=STORE_PREFIX, responses=_ERROR_RESPONSES)
-    _add_store_routes(router, holder, on_lease)
+    _add_store_routes(router, holder, rollout_routes)
     app.include_router(router)
 
     @app.get("/health", response_model=Health, tags=["meta"])
@@ -336,43 +331,26 @@ def create_store_app(
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    async def on_reinforge_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, ReinforgeError)
-        headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, AuthenticationError) else None
-        if exc.http_status >= 500:
-            logger.warning("store error: %s", exc)
-        return error_response(exc.http_status, type(exc).__name__, str(exc), headers)
+    async def on_error(_: Request, exc: Exception) -> Response:
+        return error_for(exc)
 
-    async def on_validation_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        return validation_error_response(exc.errors())
-
-    async def on_http_error(_: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        type_name = http_error_type(exc.status_code)
-        return error_response(exc.status_code, type_name, str(exc.detail), getattr(exc, "headers", None))
-
-    async def on_unexpected(_: Request, exc: Exception) -> Response:
-        logger.exception("unexpected error in the store server", exc_info=exc)
-        message = f"internal error in the store server: {type(exc).__name__}"
-        return error_response(500, "ReinforgeError", message)
-
-    app.add_exception_handler(ReinforgeError, on_reinforge_error)
-    app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(Exception, on_unexpected)
+    for kind in (ReinforgeError, RequestValidationError, StarletteHTTPException, Exception):
+        app.add_exception_handler(kind, on_error)
 
 
-def _add_store_routes(
-    router: APIRouter,
-    holder: _StoreHolder,
-    on_lease: Callable[[list[LeasedRollout]], None] | None,
-) -> None:
+def _add_store_routes(router: APIRouter, holder: _StoreHolder, rollout_routes: RolloutRoutes) -> None:
     """One route per `Store` method; the handlers only translate, the store decides.
 
     Ids are free-form strings, so id segments use the `path` converter: an id holding '/' (sent
-    percent-encoded, decoded before routing) still reaches its route.
+    percent-encoded, decoded before routing) still reaches its route. The per-rollout routes are
+    answered by `rollout_routes`' handlers (its table usually answers them before FastAPI does);
+    they are declared here for the schema and for FastAPI's validation of ids the table leaves alone.
     """
+    table = rollout_routes.table
+    serve_lease = table.endpoint(rollout_routes.lease)
+    serve_heartbeat = table.endpoint(rollout_routes.heartbeat)
+    serve_finish = table.endpoint(rollout_routes.finish)
+    serve_spans = table.endpoint(rollout_routes.spans)
 
     @router.post(
         "/rollouts/enqueue",
@@ -393,7 +371,7 @@ def _add_store_routes(
     )
     async def lease_rollouts(request: Request) -> Response:
         """Lease up to max_rollouts queued rollouts, waiting up to wait_seconds for one."""
-        return await lease(holder.get(), await read_body(request, LeaseRequest), on_lease)
+        return await serve_lease(request)
 
     @router.post(
         "/rollouts/cancel",
@@ -440,9 +418,7 @@ def _add_store_routes(
     async def heartbeat(
         attempt_id: Annotated[str, Path(min_length=1, max_length=128)], request: Request
     ) -> Response:
-        body = await read_body(request, HeartbeatRequest)
-        attempt = await holder.get().heartbeat(attempt_id, lease_seconds=body.lease_seconds)
-        return json_response(ATTEMPT, attempt)
+        return await serve_heartbeat(request)
 
     @router.post(
         "/attempts/{attempt_id:path}/finish",
@@ -454,8 +430,7 @@ def _add_store_routes(
         attempt_id: Annotated[str, Path(min_length=1, max_length=128)], request: Request
     ) -> Response:
         """Report the end of an attempt; 409 when the attempt was superseded (nothing is counted)."""
-        body = await read_body(request, AttemptOutcome)
-        return json_response(ROLLOUT, await holder.get().finish_attempt(attempt_id, body))
+        return await serve_finish(request)
 
     @router.post(
         "/attempts/query",
@@ -476,9 +451,7 @@ def _add_store_routes(
     )
     async def add_spans(request: Request) -> Response:
         """Insert spans in one batch, idempotent by span_id; `added` counts the new ones."""
-        check_content_type(request.headers.get("content-type", ""))
-        added = await ingest_spans(holder.get(), await request.body())
-        return json_response(ADDED, AddSpansResponse(added=added))
+        return await serve_spans(request)
 
     @router.post(
         "/spans/query", response_model=Page[Span], tags=["spans"], openapi_extra=_body_doc(SpanQuery)

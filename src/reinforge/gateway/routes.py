@@ -1,0 +1,302 @@
+"""The gateway's HTTP layer: its route table, one serving path for every API format, error envelopes.
+
+Reading a request (path parameters, headers, the JSON body) and writing the answer (a JSON body or
+server-sent events) happen here; everything else is the domain object's (`Gateway`). Every API
+format goes through `serve_format`: admit the caller → parse the body with the format's adapter →
+wait for the policy version → generate or stream → record the call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from starlette.responses import Response, StreamingResponse
+
+from reinforge._headers import bearer_token
+from reinforge.errors import ReinforgeError
+from reinforge.finish_wire import FinishItem, FinishManyBody
+from reinforge.gateway.errors import (
+    GatewayHTTPError,
+    error_body,
+    error_object,
+    error_response,
+    response_for,
+    status_and_error,
+)
+from reinforge.gateway.formats import API_FORMATS, ApiFormat, FormatContext, TokenTexts, token_id_texts
+from reinforge.gateway.formats.base import Event
+from reinforge.gateway.openai_bodies import check_span_owners, finish_body, parse_body, reward_body
+from reinforge.gateway.service import Caller, Gateway
+from reinforge.inference.contract import GenerationResult, TextDelta
+from reinforge.json_codec import dumps, loads
+from reinforge.net.routes import (
+    BadContentLengthError,
+    BodyTooLargeError,
+    Route,
+    RouteRequest,
+    RouteTable,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+
+AGENT_PREFIXES = ("/r/{attempt_id}/v1", "/r/{attempt_id}/agents/{agent_name}/v1")
+"""An agent's base URLs: per attempt, and per attempt and named agent (multi-agent systems)."""
+
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+_SSE_DONE = b"data: [DONE]\n\n"
+
+
+class JSONResponse(Response):
+    """A 200 JSON response with its two headers written directly.
+
+    Why: `Response.__init__` works its headers out through a generic path (media type, charset,
+    header merging) on every call; the gateway's own bodies always need the same two.
+    """
+
+    media_type = "application/json"
+
+    def __init__(self, body: bytes) -> None:
+        self.status_code = 200
+        self.background = None
+        self.body = body
+        self.raw_headers = [
+            (b"content-length", str(len(body)).encode()),
+            (b"content-type", b"application/json"),
+        ]
+
+
+def _ok(body: dict[str, Any]) -> Response:
+    return JSONResponse(dumps(body))
+
+
+def json_body(request: RouteRequest) -> Any:
+    """The request's decoded JSON body (400 when empty or not JSON)."""
+    if not request.body:
+        raise GatewayHTTPError(400, "the request body is empty; send a JSON object")
+    try:
+        return loads(request.body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise GatewayHTTPError(400, f"the request body is not valid JSON: {exc}") from None
+
+
+def _token(request: RouteRequest) -> str | None:
+    return bearer_token(request.header(b"authorization"))
+
+
+def error_for(request: RouteRequest, exc: Exception) -> Response:
+    """Every failure as an OpenAI-shaped error response (a crash is a 500, never a hang)."""
+    if isinstance(exc, BodyTooLargeError):
+        if exc.declared is not None:
+            message = f"request body of {exc.declared} bytes exceeds the {exc.limit}-byte limit"
+        else:
+            message = f"request body exceeds the {exc.limit}-byte limit"
+        exc = GatewayHTTPError(413, message)
+    elif isinstance(exc, BadContentLengthError):
+        exc = GatewayHTTPError(400, "invalid Content-Length header")
+    if isinstance(exc, ReinforgeError):
+        return response_for(exc)
+    log.exception("gateway error on %s", request.path, exc_info=exc)
+    return error_response(500, f"internal gateway error: {type(exc).__name__}: {exc}")
+
+
+def _stream_error(exc: BaseException) -> bytes:
+    if isinstance(exc, ReinforgeError):
+        status, message = exc.http_status, str(exc)
+    else:
+        log.exception("gateway error while streaming", exc_info=exc)
+        status, message = 500, f"internal gateway error: {type(exc).__name__}: {exc}"
+    return b"data: " + error_body(status, message) + b"\n\n"
+
+
+def _frame(event: Event, named: bool) -> bytes:
+    """One server-sent event."""
+    if named:
+        return b"event: " + event["type"].encode() + b"\ndata: " + dumps(event) + b"\n\n"
+    return b"data: " + dumps(event) + b"\n\n"
+
+
+def _unsent_text(streamed: str, final: str) -> str:
+    """What the final text adds to what was streamed (a backend may hold back a tail)."""
+    return final[len(streamed) :] if final.startswith(streamed) else ""
+
+
+class GatewayRoutes:
+    """The route handlers, closed over one `Gateway`."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.g = gateway
+        texts = getattr(gateway.backend, "token_texts", None)
+        self.texts: TokenTexts = texts if callable(texts) else token_id_texts
+
+    def table(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> RouteTable:
+        routes: list[Route] = []
+        for prefix in AGENT_PREFIXES:  # the calls first: matching tries routes in order
+            routes += [Route("POST", prefix + fmt.path, self.serve_format(fmt)) for fmt in API_FORMATS]
+            routes.append(Route("GET", prefix + "/models", self.models))
+        routes += [
+            Route("POST", "/r/{attempt_id}/reward", self.reward),
+            Route("POST", "/r/{attempt_id}/flush", self.flush),
+            Route("POST", "/r/{attempt_id}/finish", self.finish),
+            Route("POST", "/finish", self.finish_many),
+            Route("GET", "/v1/models", self.models),
+            Route("GET", "/health", self.health),
+        ]
+        return RouteTable(routes, max_body_bytes=max_body_bytes, on_error=error_for)
+
+    async def _admit(self, request: RouteRequest) -> Caller:
+        params = request.path_params
+        return await self.g.admit(
+            params["attempt_id"],
+            _token(request),
+            agent=params.get("agent_name") or request.header(b"x-reinforge-agent") or None,
+            traceparent=request.header(b"traceparent"),
+        )
+
+    def serve_format(self, fmt: type[ApiFormat]) -> Callable[[RouteRequest], Awaitable[Response]]:
+        """The one serving path, for `fmt`'s calls plain and streamed."""
+        g = self.g
+
+        async def serve(request: RouteRequest) -> Response:
+            caller = await self._admit(request)
+            data = json_body(request)
+            if not isinstance(data, dict):
+                raise GatewayHTTPError(400, "the request body must be a JSON object")
+            call = fmt.parse(data, FormatContext(g.backend.model_name, self.texts))
+            await g.wait_for_policy(caller)
+            if call.stream:
+                return StreamingResponse(
+                    self._stream(caller, call, data), media_type="text/event-stream", headers=_SSE_HEADERS
+                )
+            started, t0 = time.time(), time.perf_counter()
+            result = await g.generate(call.request)
+            latency_ms = (time.perf_counter() - t0) * 1000
+            response = call.body(result)
+            await g.record_call(
+                caller,
+                endpoint=fmt.endpoint,
+                request_body=data,
+                response_body=response,
+                result=result,
+                started=started,
+                latency_ms=latency_ms,
+            )
+            return _ok(response)
+
+        return serve
+
+    async def _stream(self, caller: Caller, call: ApiFormat, data: dict[str, Any]) -> AsyncIterator[bytes]:
+        g, named = self.g, call.named_events
+        items = g.stream(call.request)
+        try:
+            started, t0 = time.time(), time.perf_counter()
+            for event in call.stream_start():
+                yield _frame(event, named)
+            streamed: list[str] = []
+            result: GenerationResult | None = None
+            async for item in items:
+                if isinstance(item, TextDelta):
+                    if item.text:
+                        streamed.append(item.text)
+                        for event in call.stream_text(item.text):
+                            yield _frame(event, named)
+                else:
+                    result = item
+            assert result is not None
+            latency_ms = (time.perf_counter() - t0) * 1000
+            events, response = call.stream_end(result, _unsent_text("".join(streamed), result.text))
+            for event in events:
+                yield _frame(event, named)
+            await g.record_call(
+                caller,
+                endpoint=call.endpoint,
+                request_body=data,
+                response_body=response,
+                result=result,
+                started=started,
+                latency_ms=latency_ms,
+            )
+            for event in call.stream_done(response):
+                yield _frame(event, named)
+            if call.ends_with_done:
+                yield _SSE_DONE
+        except Exception as exc:
+            yield _stream_error(exc)
+        finally:
+            await items.aclose()  # leaves the pause gate even when the client went away mid-stream
+
+    async def models(self, request: RouteRequest) -> Response:
+        if "attempt_id" in request.path_params:
+            self.g.bind()
+            self.g.check_attempt_token(request.path_params["attempt_id"], _token(request))
+        model = {"id": self.g.backend.model_name, "object": "model", "created": 0, "owned_by": "reinforge"}
+        return _ok({"object": "list", "data": [model]})
+
+    async def reward(self, request: RouteRequest) -> Response:
+        caller = await self._admit(request)
+        body = reward_body(json_body(request))
+        span = await self.g.record_reward(caller, body.reward, body.final, body.name)
+        return _ok({"span_id": span.span_id, "reward": body.reward, "final": body.final, "name": body.name})
+
+    async def flush(self, request: RouteRequest) -> Response:
+        g = self.g
+        g.bind()
+        attempt_id = request.path_params["attempt_id"]
+        g.check_attempt_token(attempt_id, _token(request))
+        await g.flush(attempt_id)
+        return _ok({"attempt_id": attempt_id, "flushed": True})
+
+    async def finish(self, request: RouteRequest) -> Response:
+        """The runner's one call per attempt: record its spans, flush, finish (see `Gateway`)."""
+        g = self.g
+        g.bind()
+        attempt_id = request.path_params["attempt_id"]
+        g.check_finish_token(attempt_id, _token(request))
+        body = finish_body(json_body(request), attempt_id)
+        rollout = await g.finish_attempt(attempt_id, body.outcome, body.spans)
+        return Response(rollout.model_dump_json(), media_type="application/json")
+
+    async def finish_many(self, request: RouteRequest) -> Response:
+        """`POST /finish`: a runner ends several attempts in one request, each as `finish` would.
+
+        Every item gets its own status (and OpenAI-shaped error), so one refused item (a stale
+        attempt, a wrong token) does not fail the others; they are stored together.
+        """
+        g = self.g
+        g.bind()
+        body = parse_body(FinishManyBody, json_body(request))
+
+        async def one(item: FinishItem) -> dict[str, Any]:
+            try:
+                g.check_finish_token(item.attempt_id, item.token)
+                check_span_owners(item, item.attempt_id)
+                await g.finish_attempt(item.attempt_id, item.outcome, item.spans)
+            except ReinforgeError as exc:
+                status, error = status_and_error(exc)
+                return {"status": status, "error": error}
+            except Exception as exc:
+                log.exception("gateway error finishing %s", item.attempt_id)
+                message = f"internal gateway error: {type(exc).__name__}: {exc}"
+                return {"status": 500, "error": error_object(500, message)}
+            return {"status": 200}
+
+        results = await asyncio.gather(*(one(item) for item in body.items))
+        return _ok({"results": results})
+
+    async def health(self, request: RouteRequest) -> Response:
+        g = self.g
+        return _ok(
+            {
+                "status": "ok",
+                "model": g.backend.model_name,
+                "paused": g.paused,
+                "in_flight": g.in_flight,
+                "queued_spans": g.recorder.queued,
+                "calls": g.calls,
+            }
+        )
