@@ -2,7 +2,7 @@
 
 In-process agents share one interpreter lock with the gateway, the store and the engine's scheduler,
 so their own Python (an OpenAI SDK call is milliseconds of it) serialises every step. With
-`TrainerConfig.runner_processes = N` the trainer starts N `reinforge runner` children instead: each
+`TrainerConfig.runners.processes = N` the trainer starts N `reinforge runner` children instead: each
 leases from the trainer's store over HTTP and sends its agents' calls to the same gateway, exactly as
 a runner on another machine would, and the trainer's process keeps only the serving and learning.
 
@@ -36,8 +36,8 @@ def agent_reference(agent: object) -> str:
     """
     if isinstance(agent, CommandAgent):
         raise InvalidRequestError(
-            "runner_processes is for Python agents; a command agent already runs in its own process "
-            "(leave runner_processes at 0)"
+            "runners.processes is for Python agents; a command agent already runs in its own process "
+            "(leave runners.processes at 0)"
         )
     target: Any = agent
     if isinstance(agent, Agent) and not hasattr(agent, "__qualname__"):
@@ -45,26 +45,26 @@ def agent_reference(agent: object) -> str:
     module_name = getattr(target, "__module__", None)
     qualname = getattr(target, "__qualname__", None)
     if not isinstance(module_name, str) or not isinstance(qualname, str):
-        raise InvalidRequestError(f"runner_processes: cannot tell where {agent!r} is defined")
+        raise InvalidRequestError(f"runners.processes: cannot tell where {agent!r} is defined")
     module = sys.modules.get(module_name) or importlib.import_module(module_name)
     if target is not agent:
         names = [name for name, value in vars(module).items() if value is agent]
         if not names:
             raise InvalidRequestError(
-                f"runner_processes: the agent instance {agent!r} is not a module-level name of "
+                f"runners.processes: the agent instance {agent!r} is not a module-level name of "
                 f"{module_name!r}; assign it to one, or pass its class"
             )
         qualname = names[0]
     elif "<" in qualname or attribute_at(module, qualname) is not agent:
         raise InvalidRequestError(
-            f"runner_processes: {qualname!r} in {module_name!r} can't be imported by name (a lambda, a "
+            f"runners.processes: {qualname!r} in {module_name!r} can't be imported by name (a lambda, a "
             "nested function or a rebound name); define the agent at module level"
         )
     if module_name == "__main__":
         path = getattr(module, "__file__", None)
         if not path:
             raise InvalidRequestError(
-                "runner_processes: the agent is defined in an interactive session; move it to a module"
+                "runners.processes: the agent is defined in an interactive session; move it to a module"
             )
         return f"{Path(path).resolve()}:{qualname}"
     return f"{module_name}:{qualname}"
