@@ -38,6 +38,8 @@ from reinforge.inference.tool_calls import TOOL_CALL_START, parse_tool_calls
 from reinforge.net.keepalive_transport import KeepAliveTransport
 
 Flavor = Literal["vllm", "sglang"]
+_ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate")
+"""Every route the backend calls."""
 _TOKEN_ID_PREFIX = "token_id:"
 
 
@@ -97,6 +99,8 @@ class UpstreamBackend:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
         self._max_connections = max_connections
+        # Absolute URLs built once: httpx then skips joining each call's path to the base URL.
+        self._urls = {path: httpx.URL(self.base_url + path) for path in _ROUTES}
         self._http = self._new_http()
         self._http_lock = threading.Lock()
 
@@ -130,7 +134,7 @@ class UpstreamBackend:
 
     async def _post(self, path: str, payload: dict[str, Any]) -> Any:
         try:
-            response = await self._client().post(path, content=json_codec.dumps(payload))
+            response = await self._client().post(self._urls[path], content=json_codec.dumps(payload))
         except httpx.HTTPError as exc:
             raise UpstreamError(_failure(self.base_url + path, exc)) from None
         if response.status_code >= 400:
@@ -156,7 +160,9 @@ class UpstreamBackend:
 
     async def _stream_lines(self, path: str, payload: dict[str, Any]) -> AsyncIterator[str]:
         try:
-            async with self._client().stream("POST", path, content=json_codec.dumps(payload)) as response:
+            async with self._client().stream(
+                "POST", self._urls[path], content=json_codec.dumps(payload)
+            ) as response:
                 if response.status_code >= 400:
                     self._raise_for(
                         response.status_code, (await response.aread()).decode(errors="replace"), path

@@ -51,6 +51,7 @@ class GatewayClient:
             timeout=httpx.Timeout(timeout_s, connect=10.0),
             transport=transport or KeepAliveTransport(),
         )
+        self._batch_url = httpx.URL(self.gateway_url + "/finish")  # built once: the hot route
         self._finishing: list[tuple[str, bytes, asyncio.Future[None]]] = []
         self._finisher: asyncio.Task[None] | None = None
 
@@ -122,7 +123,7 @@ class GatewayClient:
         what = f"gateway finish of {len(batch)} attempts"
         try:
             status, data = await self._request(
-                "/finish", b'{"items":[' + b",".join(items) + b"]}", None, what
+                self._batch_url, b'{"items":[' + b",".join(items) + b"]}", None, what
             )
             if status >= 400:
                 raise _error(status, data, what)
@@ -157,7 +158,9 @@ class GatewayClient:
         if status >= 400:
             raise _error(status, data, what)
 
-    async def _request(self, path: str, body: bytes, token: str | None, what: str) -> tuple[int, bytes]:
+    async def _request(
+        self, path: str | httpx.URL, body: bytes, token: str | None, what: str
+    ) -> tuple[int, bytes]:
         headers = {"Authorization": f"Bearer {token}"} if token is not None else None
         try:
             response = await self._http.post(path, content=body, headers=headers)

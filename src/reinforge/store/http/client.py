@@ -68,6 +68,20 @@ _T = TypeVar("_T")
 _ID_CHUNK = 10_000
 """Id lists longer than this are sent in several calls (keeps each SQL `IN (...)` bounded)."""
 
+_FIXED_ROUTES = (
+    "/store/rollouts/enqueue",
+    "/store/rollouts/lease",
+    "/store/rollouts/cancel",
+    "/store/rollouts/wait",
+    "/store/rollouts/query",
+    "/store/attempts/query",
+    "/store/spans",
+    "/store/spans/query",
+    "/store/resources",
+    "/store/resources/latest",
+    "/store/counters",
+)
+
 _ERRORS_BY_NAME: dict[str, type[errors.ReinforgeError]] = {
     cls.__name__: cls
     for cls in vars(errors).values()
@@ -139,6 +153,9 @@ class HttpStoreClient:
         self._connect_retries = connect_retries
         self._max_connections = max_connections
         self._transport = transport
+        # Absolute URLs built once for the routes without ids in them: httpx then skips joining
+        # each call's path to the base URL.
+        self._fixed_urls = {path: httpx.URL(self.base_url + path) for path in _FIXED_ROUTES}
         self._http = self._new_http()
         self._http_lock = threading.Lock()
 
@@ -194,7 +211,9 @@ class HttpStoreClient:
         attempt = 0
         while True:
             try:
-                response = await http.request(method, path, content=content, timeout=timeout)
+                response = await http.request(
+                    method, self._fixed_urls.get(path, path), content=content, timeout=timeout
+                )
                 break
             except httpx.TransportError as exc:
                 # A refused connection never reached the server, so any call may be re-sent; a call
