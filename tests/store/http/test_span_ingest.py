@@ -1,5 +1,6 @@
-"""The span-ingest fast path (`_span_records`) must store exactly what pydantic's path stores, and
-must hand every body outside its narrow shape to pydantic, so bad input keeps its 4xx errors."""
+"""Span ingest's pre-validated records (`span_records`) must store exactly what pydantic's path
+stores, and must hand every body outside their narrow shape to pydantic, so bad input keeps its 4xx
+errors."""
 
 from __future__ import annotations
 
@@ -143,15 +144,15 @@ def sqlite_server(tmp_path: Path) -> Iterator[BackgroundServer]:
         yield srv
 
 
-async def test_fast_and_validated_paths_store_the_same_over_http(sqlite_server: BackgroundServer) -> None:
+async def test_records_and_validated_paths_store_the_same_over_http(sqlite_server: BackgroundServer) -> None:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     spans = _spans()
     async with httpx.AsyncClient(base_url=sqlite_server.url, headers=headers) as http:
-        fast = await http.post("/store/spans", content=_body([s.model_dump(mode="json") for s in spans]))
-        assert fast.status_code == 200 and fast.json() == {"added": 2}
+        records = await http.post("/store/spans", content=_body([s.model_dump(mode="json") for s in spans]))
+        assert records.status_code == 200 and records.json() == {"added": 2}
         again = await http.post("/store/spans", content=_body([s.model_dump(mode="json") for s in spans]))
         assert again.json() == {"added": 0}
-        # A float given as a string is off the fast path; pydantic accepts it (lax mode) as before.
+        # A float given as a string is off the records path; pydantic accepts it (lax mode) as before.
         lax = {**_spans()[0].model_dump(mode="json"), "start_time": "42.5"}
         assert (await http.post("/store/spans", content=_body([lax]))).json() == {"added": 1}
         page = await http.post("/store/spans/query", json=SpanQuery(rollout_id="r1").model_dump(mode="json"))
@@ -184,7 +185,7 @@ async def test_bad_spans_keep_their_errors(
     assert fragment in response.json()["error"]["message"]
 
 
-async def test_malformed_json_is_400_on_the_fast_route(sqlite_server: BackgroundServer) -> None:
+async def test_malformed_json_is_400_on_the_spans_route(sqlite_server: BackgroundServer) -> None:
     headers = {"Authorization": f"Bearer {TOKEN}"}
     async with httpx.AsyncClient(base_url=sqlite_server.url, headers=headers) as http:
         response = await http.post("/store/spans", content=b'{"spans": [')

@@ -1,6 +1,6 @@
 """The calls every rollout makes (lease, add spans, heartbeat, finish) as a route table.
 
-A store server spends its time on these four: thousands per second in a busy run, where FastAPI's
+A store server spends most of its time on these four, every rollout making several, and FastAPI's
 per-request machinery (its middleware, routing through every route, a `Request`, dependency
 solving) would cost about as much as the store work. The table (`reinforge.net.routes`) answers
 them ahead of FastAPI in any ASGI server, and without the ASGI stack under `BackgroundServer`;
