@@ -37,13 +37,15 @@ _TIMER_SLACK_S = 0.001
 class _Origin:
     """One loop's connections to one `host:port`: the idle ones, and how many carry an exchange."""
 
-    __slots__ = ("busy", "host", "idle", "max_connections", "max_idle", "port", "waiters")
+    __slots__ = ("busy", "closed", "host", "idle", "max_connections", "max_idle", "port", "waiters")
 
     def __init__(self, host: str, port: int, max_idle: int, max_connections: int | None) -> None:
         self.host, self.port = host, port
         self.max_idle, self.max_connections = max_idle, max_connections
         self.idle: list[Connection] = []
         self.busy = 0
+        self.closed = False
+        """Closed with its transport: a connection coming free is closed, not kept."""
         self.waiters: list[asyncio.Future[None]] = []
         """Requests waiting for a connection while `max_connections` are busy, oldest first."""
 
@@ -57,7 +59,7 @@ class _Origin:
         return None
 
     def release(self, conn: Connection, reusable: bool) -> None:
-        if reusable and len(self.idle) < self.max_idle:
+        if reusable and not self.closed and len(self.idle) < self.max_idle:
             self.idle.append(conn)
         else:
             conn.close()
@@ -73,6 +75,7 @@ class _Origin:
                 break
 
     def close(self) -> None:
+        self.closed = True
         idle, self.idle = self.idle, []
         for conn in idle:
             conn.close()
