@@ -44,9 +44,8 @@ printed until session 4.
     .venv/bin/python benchmarks/trainer_bench.py            # 120 s per side
     .venv/bin/python benchmarks/trainer_bench.py --quick    # 15 s per side, a smoke run
 
-TRL venv (torch first, so pip keeps the local CPU wheel):
-    python3 -m venv .bench/trl-venv && .bench/trl-venv/bin/pip install torch==2.13.0 \
-        && .bench/trl-venv/bin/pip install trl
+The TRL baseline installs itself on first use into `.bench/trl-venv` (`_trl_venv.py`: torch first, so
+pip keeps the local CPU wheel, then the pinned TRL).
 """
 
 from __future__ import annotations
@@ -69,6 +68,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import _trl_venv  # noqa: E402
 from _step_cpu import MetricsCpuSampler, StepCpu, from_step_ends  # noqa: E402
 from _trl_side import first_tool_expression  # noqa: E402
 from openai import AsyncOpenAI  # noqa: E402
@@ -100,7 +100,6 @@ from reinforge.training import (  # noqa: E402
 )
 from reinforge.types import SpanQuery, Transition  # noqa: E402
 
-TRL_PYTHON = ROOT / ".bench" / "trl-venv" / "bin" / "python"
 BUILT_WARM_START = ROOT / ".bench" / "calc-warm-start"
 
 
@@ -293,8 +292,9 @@ def run_trl(
     model_dir: Path, tokenizer: PreTrainedTokenizerBase, train: list[dict[str, Any]], args: Any, work: Path
 ) -> dict[str, Any] | str:
     """TRL's GRPOTrainer in its own venv; the reason as a string when it can't run."""
-    if not TRL_PYTHON.is_file():
-        return f"no TRL venv at {TRL_PYTHON} (see this file's docstring to create it)"
+    trl_python = _trl_venv.trl_python()
+    if isinstance(trl_python, str):
+        return f"the TRL baseline could not be installed: {trl_python}"
     config = {
         "model_dir": str(model_dir),
         "work_dir": str(work),
@@ -324,7 +324,7 @@ def run_trl(
     }
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(
-        [str(TRL_PYTHON), str(Path(__file__).with_name("_trl_side.py")), str(config_path), str(out_path)],
+        [str(trl_python), str(Path(__file__).with_name("_trl_side.py")), str(config_path), str(out_path)],
         env=env,
         capture_output=True,
         text=True,

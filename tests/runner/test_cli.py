@@ -172,7 +172,8 @@ def test_a_runner_exits_when_its_parent_dies(tmp_path: Path) -> None:
     launcher.write_text(
         "import os, subprocess, sys, time\n"
         "child = subprocess.Popen([sys.executable, '-m', 'reinforge', 'runner', '--store',"
-        " 'http://127.0.0.1:9', '--gateway-secret', 's', '--agent', 'reinforge.demo.agent:calc_agent',"
+        " 'http://127.0.0.1:9', '--gateway-secret', 's', '--store-token', 't',"
+        " '--agent', 'reinforge.demo.agent:calc_agent',"
         " '--exit-with-parent', str(os.getpid())])\n"
         "print(child.pid, flush=True)\n"
         "time.sleep(600)\n",
