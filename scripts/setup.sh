@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Creates .venv in the checkout and installs reinforge with its test tools.
+# Creates .venv in the checkout and installs reinforge with its test tools and the agent frameworks
+# it is tested with (the [frameworks] extra; `pip check` must stay clean).
 # torch==2.13.0 goes first: installed later, a dependency would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -9,4 +10,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[dev]"
+.venv/bin/python -m pip install -q -e ".[dev,frameworks]"
+.venv/bin/python -m pip check

@@ -3,7 +3,7 @@
 `python benchmarks/baselines/fast_upstream.py PORT` serves 127.0.0.1:PORT. The reply carries vLLM's
 token fields (`prompt_token_ids`, each choice's `token_ids`, `logprobs.content` with
 `return_tokens_as_token_ids`-style tokens), so a gateway that records token ids accepts it. It is a
-bare asyncio protocol with a pre-serialised response, so it adds as little as possible to the
+bare asyncio protocol (`raw_http.py`) with a pre-serialised response, so it adds as little as possible to the
 latency that the gateways under test are compared on. GET /health answers 200.
 """
 
@@ -12,6 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from raw_http import http_response, serve
 
 PROMPT_IDS = list(range(100, 124))
 COMPLETION_IDS = [11, 12, 13, 14, 15, 16, 17, 2]
@@ -47,55 +52,18 @@ def _response_body() -> bytes:
     return json.dumps(body).encode()
 
 
-def _http(status: str, body: bytes) -> bytes:
-    head = (
-        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-        "connection: keep-alive\r\n\r\n"
-    )
-    return head.encode() + body
+CHAT = http_response("200 OK", _response_body())
+HEALTH = http_response("200 OK", b'{"status":"ok"}')
+NOT_FOUND = http_response("404 Not Found", b'{"error":{"message":"not found"}}')
 
 
-CHAT = _http("200 OK", _response_body())
-HEALTH = _http("200 OK", b'{"status":"ok"}')
-NOT_FOUND = _http("404 Not Found", b'{"error":{"message":"not found"}}')
-
-
-class _Upstream(asyncio.Protocol):
-    """HTTP/1.1 with keep-alive; requests are parsed just enough to find their end."""
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport: asyncio.Transport = transport  # type: ignore[assignment]
-        self.buffer = b""
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        while True:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = self.buffer[:end].decode("latin-1")
-            length = 0
-            for line in head.split("\r\n")[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value.strip())
-            if len(self.buffer) < end + 4 + length:
-                return
-            self.buffer = self.buffer[end + 4 + length :]
-            method, path = head.split(" ", 2)[:2]
-            if method == "POST" and path.endswith("/chat/completions"):
-                self.transport.write(CHAT)
-            elif path.startswith("/health"):
-                self.transport.write(HEALTH)
-            else:
-                self.transport.write(NOT_FOUND)
-
-
-async def serve(port: int) -> None:
-    server = await asyncio.get_running_loop().create_server(_Upstream, "127.0.0.1", port)
-    async with server:
-        await server.serve_forever()
+def respond(method: str, path: str, body: bytes) -> bytes:
+    if method == "POST" and path.endswith("/chat/completions"):
+        return CHAT
+    if path.startswith("/health"):
+        return HEALTH
+    return NOT_FOUND
 
 
 if __name__ == "__main__":
-    asyncio.run(serve(int(sys.argv[1])))
+    asyncio.run(serve(int(sys.argv[1]), respond))

@@ -1,7 +1,10 @@
-"""Per-attempt bearer tokens: an HMAC of the attempt id under the gateway's secret.
+"""Per-attempt bearer tokens: the attempt id and its HMAC under the gateway's secret.
 
 Why HMAC and not a token table: the gateway can verify a token with no store round-trip, and an
 agent's key opens only its own attempt, so a subprocess agent's environment holds no trainer secret.
+Why the id in the token: the key alone then says which attempt a call belongs to, so every attempt
+can share one base URL (`<gateway>/v1`). Frameworks that build an HTTP client per base URL and cache
+it (LangChain's ChatOpenAI spends two SSL contexts on each) then reuse one client for every rollout.
 """
 
 from __future__ import annotations
@@ -19,7 +22,15 @@ def attempt_token(secret: str, attempt_id: str) -> str:
     if not secret:
         raise ValueError("the gateway secret must not be empty")
     digest = hmac.new(secret.encode(), attempt_id.encode(), hashlib.sha256).hexdigest()
-    return TOKEN_PREFIX + digest
+    return f"{TOKEN_PREFIX}{attempt_id}.{digest}"
+
+
+def attempt_of_token(token: str | None) -> str | None:
+    """The attempt id an attempt token names (unverified: check it with `attempt_token`)."""
+    if not token or not token.startswith(TOKEN_PREFIX):
+        return None
+    attempt_id, dot, digest = token[len(TOKEN_PREFIX) :].rpartition(".")
+    return attempt_id if dot and attempt_id and len(digest) == 64 else None
 
 
 def finish_token(secret: str, attempt_id: str) -> str:

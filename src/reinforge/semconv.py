@@ -43,6 +43,12 @@ ATTR_MODEL = "reinforge.llm.model"
 ATTR_LATENCY_MS = "reinforge.llm.latency_ms"
 ATTR_MALFORMED_TOOL_CALL = "reinforge.llm.malformed_tool_call"
 """True when the model tried to call a tool but the call could not be parsed (an AIR signal)."""
+ATTR_HISTORY_MATCHED = "reinforge.llm.history.matched"
+"""Assistant turns of the request's history that the gateway itself produced for this attempt."""
+ATTR_HISTORY_RESPELLED = "reinforge.llm.history.respelled"
+"""Of those, turns the agent sent back in another spelling (rendered as generated instead)."""
+ATTR_HISTORY_UNMATCHED = "reinforge.llm.history.unmatched"
+"""Assistant turns the gateway did not produce, or that the agent changed: rendered as sent."""
 ATTR_SEQUENCE_IN_ATTEMPT = "reinforge.sequence"
 """A per-attempt counter stamped by the writer, so order survives equal timestamps."""
 
@@ -65,3 +71,11 @@ def trace_id_for(attempt_id: str) -> str:
     if len(lowered) == 32 and all(c in "0123456789abcdef" for c in lowered):
         return lowered
     return hashlib.blake2b(attempt_id.encode(), digest_size=16).hexdigest()
+
+
+# Steps recorded from agent frameworks' own telemetry (no agent code change)
+STEP_AGENT = "agent"
+"""An agent/role/node run (a LangGraph node, an Agents SDK or AutoGen agent); it carries
+ATTR_AGENT_NAME, and credit names the LLM calls made inside it after it."""
+ATTR_FRAMEWORK = "reinforge.framework"
+"""Which framework's telemetry a step came from: 'langchain', 'openai_agents' or 'otel_genai'."""

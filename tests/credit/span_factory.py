@@ -33,6 +33,8 @@ def llm_span(
     version: int = 0,
     malformed: bool = False,
     store_seq: int | None = None,
+    parent_id: str | None = None,
+    duration: float = 0.1,
 ) -> Span:
     attrs: dict[str, Any] = {
         semconv.ATTR_STEP_KIND: semconv.STEP_LLM,
@@ -54,9 +56,10 @@ def llm_span(
         name=semconv.SPAN_LLM_CALL,
         kind="client",
         start_time=t,
-        end_time=t + 0.1,
+        end_time=t + duration,
         attributes=attrs,
         sequence=store_seq,
+        parent_id=parent_id,
     )
 
 
@@ -93,4 +96,32 @@ def signal_span(signal: str, *, t: float, rollout_id: str = "r1", attempt_id: st
         start_time=t,
         end_time=t,
         attributes={semconv.ATTR_AIR_SIGNAL: signal},
+    )
+
+
+def role_span(
+    name: str,
+    *,
+    t: float,
+    end: float | None,
+    parent_id: str | None = None,
+    rollout_id: str = "r1",
+    attempt_id: str = "a1",
+) -> Span:
+    """An agent-role step as the framework hooks record it (a LangGraph node, an SDK agent)."""
+    return Span(
+        rollout_id=rollout_id,
+        attempt_id=attempt_id,
+        name=name,
+        start_time=t,
+        end_time=end,
+        parent_id=parent_id,
+        attributes={semconv.ATTR_STEP_KIND: semconv.STEP_AGENT, semconv.ATTR_AGENT_NAME: name},
+    )
+
+
+def client_span(name: str, *, t: float, parent_id: str | None, attempt_id: str = "a1") -> Span:
+    """A span of the agent's own instrumentation with no reinforge step kind (an SDK's CLIENT span)."""
+    return Span(
+        rollout_id="r1", attempt_id=attempt_id, name=name, start_time=t, end_time=t + 0.2, parent_id=parent_id
     )

@@ -114,7 +114,7 @@ def backend(
 def chat(user: str, **kwargs: object) -> GenerationRequest:
     return GenerationRequest(
         messages=[{"role": "user", "content": user}],
-        tools=TOOLS,
+        tools=kwargs.pop("tools", TOOLS),  # type: ignore[arg-type]
         sampling=SamplingParams(temperature=0, max_tokens=60),
         **kwargs,  # type: ignore[arg-type]
     )
@@ -176,8 +176,10 @@ async def test_cpu_backend_completions_and_bad_requests(backend: EngineBackend) 
         GenerationRequest(prompt=[1, 2, 3], sampling=SamplingParams(max_tokens=5, seed=1))
     )
     assert ids.prompt_token_ids == [1, 2, 3]
+    with pytest.raises(InvalidRequestError, match="has no tools"):
+        await backend.generate(chat("add 2 and 3", tools=None, tool_choice="required"))
     with pytest.raises(InvalidRequestError, match="tool_choice"):
-        await backend.generate(chat("add 2 and 3", tool_choice="required"))
+        await backend.generate(chat("add 2 and 3", tool_choice="sometimes"))
     with pytest.raises(InvalidRequestError, match="role"):
         await backend.generate(GenerationRequest(messages=[{"content": "x"}]))
     with pytest.raises(InvalidRequestError, match="messages or a prompt"):

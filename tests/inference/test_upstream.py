@@ -18,7 +18,7 @@ from starlette.routing import Route
 from reinforge import semconv
 from reinforge.errors import InvalidRequestError, UpstreamError
 from reinforge.gateway import create_gateway_app
-from reinforge.inference import GenerationRequest, SamplingParams, UpstreamBackend
+from reinforge.inference import GenerationRequest, ResponseFormat, SamplingParams, UpstreamBackend
 from reinforge.net.background import BackgroundServer
 from reinforge.store.memory import MemoryStore
 from reinforge.types import SpanQuery
@@ -136,6 +136,51 @@ async def test_vllm_tool_calls(upstream: tuple[FakeUpstream, str], fake: FakeUps
     assert result.completion_token_ids == recorded["choices"][0]["token_ids"]
     assert result.text == "" and not result.malformed_tool_call
     assert fake.payloads[-1]["tools"] == tools and fake.payloads[-1]["tool_choice"] == "auto"
+
+
+async def test_structured_output_and_shaping_reach_vllm_as_its_own_fields(
+    upstream: tuple[FakeUpstream, str], fake: FakeUpstream
+) -> None:
+    tools = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}}
+    sampling = SamplingParams(
+        presence_penalty=0.5, frequency_penalty=-0.25, logit_bias={7: -100.0}, max_tokens=8
+    )
+    request = GenerationRequest(
+        messages=[{"role": "user", "content": "2+3?"}],
+        tools=tools,
+        tool_choice={"type": "function", "function": {"name": "calc"}},
+        parallel_tool_calls=False,
+        response_format=ResponseFormat(type="json_schema", json_schema=schema, name="Answer"),
+        sampling=sampling,
+    )
+    await UpstreamBackend(upstream[1], "m").generate(request)
+    sent = fake.payloads[-1]
+    assert sent["tool_choice"] == {"type": "function", "function": {"name": "calc"}}
+    assert sent["parallel_tool_calls"] is False
+    assert sent["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "Answer", "schema": schema},
+    }
+    assert (sent["presence_penalty"], sent["frequency_penalty"], sent["logit_bias"]) == (
+        0.5,
+        -0.25,
+        {"7": -100.0},
+    )
+
+
+async def test_sglang_gets_json_schemas_and_refuses_forced_tool_calls(
+    upstream: tuple[FakeUpstream, str], fake: FakeUpstream
+) -> None:
+    backend = UpstreamBackend(upstream[1], "m", flavor="sglang")
+    fmt = ResponseFormat(type="json_object")
+    await backend.generate(
+        GenerationRequest(prompt=[1, 2, 3], response_format=fmt, sampling=SamplingParams(presence_penalty=1))
+    )
+    params = fake.payloads[-1]["sampling_params"]
+    assert json.loads(params["json_schema"]) == {"type": "object"} and params["presence_penalty"] == 1
+    with pytest.raises(InvalidRequestError, match="tool_choice"):
+        await backend.generate(GenerationRequest(prompt=[1, 2], tool_choice="required"))
 
 
 async def test_vllm_stream(upstream: tuple[FakeUpstream, str], fake: FakeUpstream) -> None:

@@ -76,14 +76,14 @@ def test_load_agent_by_module_path(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_llm_endpoints_for_an_attempt() -> None:
     llm = LLM.for_attempt("http://gw:1/gateway/", "att/1", "key", "m", {"p": 1}, 3)
-    assert llm.base_url == "http://gw:1/gateway/r/att%2F1/v1"
+    assert llm.base_url == "http://gw:1/gateway/v1"  # one URL for every attempt: the key names it
     assert llm.reward_url == "http://gw:1/gateway/r/att%2F1/reward"
     tagged = llm.for_agent("critic")
-    assert tagged.base_url == "http://gw:1/gateway/r/att%2F1/agents/critic/v1"
+    assert tagged.base_url == "http://gw:1/gateway/agents/critic/v1"
     assert (tagged.agent_name, tagged.api_key, tagged.resources, tagged.resources_version) == (
         "critic", "key", {"p": 1}, 3,
     )  # fmt: skip
-    assert tagged.for_agent("judge").base_url.endswith("/agents/judge/v1")
+    assert tagged.for_agent("judge").base_url == "http://gw:1/gateway/agents/judge/v1"
     with pytest.raises(InvalidRequestError, match="agent name"):
         llm.for_agent("a/b")
     with pytest.raises(InvalidRequestError, match="not made by a runner"):

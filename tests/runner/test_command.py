@@ -98,7 +98,7 @@ async def test_environment_holds_the_attempt_and_no_trainer_secrets(
     env = json.loads(dump.read_text())
     attempt = (await stack.store.query_attempts(AttemptQuery(rollout_id=done.rollout_id))).items[0]
     root = f"{stack.gateway_url}/r/{attempt.attempt_id}"
-    assert env["OPENAI_BASE_URL"] == root + "/v1"
+    assert env["OPENAI_BASE_URL"] == stack.gateway_url + "/v1"  # shared; the key names the attempt
     assert env["OPENAI_API_KEY"] == attempt_token(GATEWAY_SECRET, attempt.attempt_id)
     assert env["OPENAI_MODEL"] == "policy-v3"
     assert json.loads(env["REINFORGE_TASK"]) == {"question": "q", "n": 1}

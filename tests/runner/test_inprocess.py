@@ -411,7 +411,7 @@ async def test_on_lease_sees_each_leased_attempt_before_its_agent_runs(stack: St
 
     @reinforge.agent
     async def solve(task: dict[str, Any], llm: LLM) -> float:
-        seen_first.append(any(llm.base_url.endswith(f"/r/{a}/v1") for a in reported))
+        seen_first.append(any(llm.reward_url.endswith(f"/r/{a}/reward") for a in reported))
         return 1.0
 
     rollouts = await enqueue(stack.store, *({"question": f"q{i}"} for i in range(5)))

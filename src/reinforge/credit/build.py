@@ -58,6 +58,8 @@ def build_transitions(
     metrics.calls = len(calls) + found.skipped
     metrics.calls_skipped = found.skipped
     metrics.credit_dropped = found.dropped_events
+    metrics.calls_named_by_role = found.named_by_role
+    metrics.calls_role_ambiguous = found.role_ambiguous
     for call in calls:
         for signal, count in call.air.items():
             metrics.air_signals[signal] = metrics.air_signals.get(signal, 0) + count

@@ -1,5 +1,6 @@
-"""Reading an attempt's spans: which attempt counts, its LLM calls in order, and the rewards and
-system signals that happened after each call."""
+"""Reading an attempt's spans: which attempt counts, its LLM calls in order (named after their
+agent role when no name was given), and the rewards and system signals that happened after each
+call."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from reinforge import semconv
+from reinforge.credit.roles import join_roles
 from reinforge.types import Attempt, AttemptStatus, Rollout, RolloutStatus, Span, SpanStatusCode
 
 
@@ -36,6 +38,10 @@ class AttemptCalls:
     skipped: int
     dropped_events: int
     """Emitted rewards or signals that arrived before any usable LLM call."""
+    named_by_role: int = 0
+    """Calls without an explicit agent name that were named after their framework role."""
+    role_ambiguous: int = 0
+    """Calls without an agent name inside overlapping roles of different names (left unnamed)."""
 
 
 def select_attempt(rollout: Rollout, spans: Sequence[Span], attempts: Sequence[Attempt]) -> str | None:
@@ -164,6 +170,8 @@ def read_attempt(spans: Sequence[Span], attempt_id: str) -> AttemptCalls:
             skipped += 1
         else:
             calls.append(call)
+    named, ambiguous = _name_by_role(own, calls)
+    charged_elsewhere = _inner_tool_errors(own)
 
     final_reward: float | None = None
     dropped = 0
@@ -174,6 +182,8 @@ def read_attempt(spans: Sequence[Span], attempt_id: str) -> AttemptCalls:
             continue
         emitted = _reward_value(span) if span.name == semconv.SPAN_REWARD else None
         signal = _air_signal(span)
+        if signal == semconv.AIR_TOOL_ERROR and span.span_id in charged_elsewhere:
+            signal = None
         if emitted is None and signal is None:
             continue
         # Different writers keep different per-attempt counters, so the wall clock (then store order)
@@ -187,4 +197,48 @@ def read_attempt(spans: Sequence[Span], attempt_id: str) -> AttemptCalls:
             owner.emitted += emitted
         if signal is not None:
             owner.air[signal] = owner.air.get(signal, 0) + 1
-    return AttemptCalls(calls=calls, final_reward=final_reward, skipped=skipped, dropped_events=dropped)
+    return AttemptCalls(
+        calls=calls,
+        final_reward=final_reward,
+        skipped=skipped,
+        dropped_events=dropped,
+        named_by_role=named,
+        role_ambiguous=ambiguous,
+    )
+
+
+def _inner_tool_errors(own: Sequence[Span]) -> set[str]:
+    """The agent's own failed tool spans (`reinforge.span(kind="tool")`) that ran inside a failed tool
+    step of a framework hook: one failure that two layers recorded, charged once, to the framework's
+    step. Framework steps never absorb one another, so parallel tool calls each still count."""
+    failed = [
+        s
+        for s in own
+        if s.attributes.get(semconv.ATTR_STEP_KIND) == semconv.STEP_TOOL
+        and _air_signal(s) == semconv.AIR_TOOL_ERROR
+    ]
+    outer = [s for s in failed if semconv.ATTR_FRAMEWORK in s.attributes]
+    if not outer:
+        return set()
+
+    def end(span: Span) -> float:
+        return span.end_time if span.end_time is not None else math.inf
+
+    return {
+        s.span_id
+        for s in failed
+        if semconv.ATTR_FRAMEWORK not in s.attributes
+        and any(o.start_time <= s.start_time and end(s) <= end(o) for o in outer)
+    }
+
+
+def _name_by_role(own: Sequence[Span], calls: list[LLMCall]) -> tuple[int, int]:
+    """Give unnamed calls their framework role's name (an explicit name always wins); returns how
+    many were named and how many were ambiguous."""
+    unnamed = [c for c in calls if c.agent_name is None]
+    if not unnamed:
+        return 0, 0
+    join = join_roles(own, (c.span for c in unnamed))
+    for call in unnamed:
+        call.agent_name = join.names.get(call.span.span_id)
+    return len(join.names), join.ambiguous

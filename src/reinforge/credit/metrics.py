@@ -24,6 +24,12 @@ class CreditMetrics(BaseModel):
     calls_trained: int = Field(default=0, description="Calls kept after the agent filter.")
     calls_filtered: int = Field(default=0, description="Calls of agents not being trained.")
     calls_skipped: int = Field(default=0, description="Calls without usable token ids or logprobs.")
+    calls_named_by_role: int = Field(
+        default=0, description="Calls given their framework role's name (no explicit agent name)."
+    )
+    calls_role_ambiguous: int = Field(
+        default=0, description="Calls inside overlapping roles of different names, left unnamed."
+    )
     transitions: int = 0
     merged_calls: int = Field(default=0, description="Calls joined onto the previous call's sample.")
     merge_mismatches: int = Field(default=0, description="Calls whose prompt did not extend the last one.")

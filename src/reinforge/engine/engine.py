@@ -31,6 +31,7 @@ from transformers import PreTrainedTokenizerBase
 
 from reinforge.engine.detokenizer import IncrementalDetokenizer, find_stop
 from reinforge.engine.errors import EngineError, EngineStoppedError
+from reinforge.engine.logit_shaping import GrammarCompiler, LogitShaper
 from reinforge.engine.model_runner import ModelRunner, SlotCacheRunner, make_runner
 from reinforge.engine.sampling import RowParams, sample
 from reinforge.engine.weights import WeightsSource, apply_state_dict, check_state_dict, read_state_dict
@@ -153,6 +154,7 @@ class Engine:
         self.prefill_max_tokens = prefill_max_tokens
         self.prefix_min_tokens = prefix_min_tokens
         self.eos_token_ids = _eos_ids(model, tokenizer)
+        self._grammars = GrammarCompiler(tokenizer, self.eos_token_ids)
         self._version = policy_version
         self._runner: ModelRunner = make_runner(model, max_batch_size, self.max_seq_len)
         self._shared_gen = torch.Generator()
@@ -322,7 +324,13 @@ class Engine:
         stops = [s for s in sampling.stop if s]
         seq = _Sequence(
             prompt=prompt,
-            row=RowParams(sampling.temperature, sampling.top_p, sampling.top_k, generator),
+            row=RowParams(
+                sampling.temperature,
+                sampling.top_p,
+                sampling.top_k,
+                generator,
+                LogitShaper(sampling, self._grammars) if sampling.shapes_logits else None,
+            ),
             # A max_tokens beyond the context ends with finish_reason "length" at the context's end.
             max_new=min(sampling.max_tokens or room, room),
             stop_ids=frozenset(sampling.stop_token_ids) | self.eos_token_ids,
@@ -524,7 +532,8 @@ class Engine:
             seq.tokens.append(token)
             seq.logprobs.append(logprob)
             seq.pending = token
-            if token in seq.stop_ids:
+            shaper = seq.row.shaper
+            if token in seq.stop_ids or (shaper is not None and shaper.advance(token)):
                 seq.finish_reason = "stop"
             elif seq.detok is not None:
                 delta = seq.detok.push([token])

@@ -18,6 +18,7 @@ from reinforge.engine.engine import Engine, EngineOutput
 from reinforge.engine.process import EngineProcess
 from reinforge.errors import InvalidRequestError
 from reinforge.inference.contract import GenerationRequest, GenerationResult, TextDelta
+from reinforge.inference.structured import request_grammar
 from reinforge.inference.tool_calls import parse_tool_calls, safe_prefix_len
 
 TURN_MARKERS = (
@@ -55,19 +56,19 @@ class EngineBackend:
         self._rendered: OrderedDict[str, tuple[int, ...]] = OrderedDict()
 
     def _prepare(self, request: GenerationRequest) -> tuple[list[int], GenerationRequest, bool]:
-        """Prompt ids, the request with chat stop ids added, and whether to parse tool calls."""
-        choice = request.tool_choice
-        if choice not in (None, "auto", "none"):
-            raise InvalidRequestError(
-                f"tool_choice={choice!r} is not supported by the embedded engine; use 'auto' or 'none'"
-            )
-        use_tools = bool(request.tools) and choice != "none"
+        """Prompt ids, the request with chat stop ids and its output grammar added, and whether to
+        parse tool calls."""
+        use_tools = bool(request.tools) and request.tool_choice != "none"
+        grammar = request_grammar(request) if request.messages is not None else None
         if request.messages is not None:
             if request.prompt is not None:
                 raise InvalidRequestError("give either messages or prompt, not both")
             prompt_ids = self._render_chat(request.messages, request.tools if use_tools else None)
             sampling = request.sampling.model_copy(
-                update={"stop_token_ids": sorted({*request.sampling.stop_token_ids, *self._turn_stop_ids})}
+                update={
+                    "stop_token_ids": sorted({*request.sampling.stop_token_ids, *self._turn_stop_ids}),
+                    "grammar": grammar if grammar is not None else request.sampling.grammar,
+                }
             )
             request = request.model_copy(update={"sampling": sampling})
         elif isinstance(request.prompt, str):

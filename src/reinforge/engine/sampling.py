@@ -1,10 +1,11 @@
 """Batched sampling with per-request parameters and per-request seeds.
 
 The returned logprob of a chosen token is `log_softmax(raw logits)[token]`: the model's own
-distribution at temperature 1, before temperature, top-k or top-p. That is the policy's probability
-pi(token | context), the quantity the trainer recomputes with a plain forward pass, so the two agree
-exactly and importance ratios compare like with like. (The distribution actually sampled from, after
-temperature and truncation, is a behaviour-policy detail the trainer corrects for via these logprobs.)
+distribution at temperature 1, before temperature, top-k, top-p, penalties, logit bias or a grammar.
+That is the policy's probability pi(token | context), the quantity the trainer recomputes with a plain
+forward pass, so the two agree exactly and importance ratios compare like with like. (The distribution
+actually sampled from, after temperature, truncation and shaping, is a behaviour-policy detail the
+trainer corrects for via these logprobs.)
 
 Sampling uses the exponential race: `argmax(p / E)` with `E ~ Exp(1)` draws from `p`, so one argmax
 samples every row at once; seeded requests draw their row of noise from their own generator, which
@@ -17,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from reinforge.engine.logit_shaping import LogitShaper
+
 
 @dataclass(frozen=True)
 class RowParams:
@@ -24,6 +27,8 @@ class RowParams:
     top_p: float
     top_k: int
     generator: torch.Generator | None
+    shaper: LogitShaper | None = None
+    """Penalties, bias or a grammar: they change what is sampled, never the recorded logprob."""
 
 
 def sample(
@@ -31,6 +36,13 @@ def sample(
 ) -> tuple[list[int], list[float]]:
     """Choose one token per row of float32 `logits [n, vocab]`; return tokens and their logprobs."""
     logprobs_all = torch.log_softmax(logits, dim=-1)
+    shaped = [i for i, r in enumerate(rows) if r.shaper is not None]
+    if shaped:
+        logits = logits.clone()
+        for i in shaped:
+            shaper = rows[i].shaper
+            assert shaper is not None
+            shaper.shape(logits[i])
     chosen = torch.argmax(logits, dim=-1)
     sampled = [i for i, r in enumerate(rows) if r.temperature > 0]
     if sampled:

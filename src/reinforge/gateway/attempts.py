@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from reinforge.errors import NotFoundError
 from reinforge.gateway.errors import GatewayHTTPError
+from reinforge.gateway.history import TurnMemory
 from reinforge.semconv import trace_id_for
 from reinforge.store.protocol import Store
 from reinforge.types import Attempt, AttemptStatus
@@ -31,6 +32,8 @@ class AttemptState:
     trace_id: str
     next_sequence: int = 0
     extra: dict[str, object] = field(default_factory=dict)
+    turns: TurnMemory = field(default_factory=TurnMemory)
+    """The assistant turns this attempt was answered with (see `gateway.history`)."""
 
     def take_sequence(self) -> int:
         n = self.next_sequence

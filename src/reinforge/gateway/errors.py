@@ -70,3 +70,37 @@ def _fields(exc: ReinforgeError) -> dict[str, Any]:
         "param": getattr(exc, "param", None),
         "code": getattr(exc, "code", None) or type(exc).__name__,
     }
+
+
+# -- Anthropic's envelope, for the Messages route ---------------------------------------------------
+
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    429: "rate_limit_error",
+    503: "overloaded_error",
+    529: "overloaded_error",
+}
+
+
+def anthropic_error_body(status: int, message: str, code: str | None = None) -> bytes:
+    """`{"type": "error", "error": {"type", "message", "details"}}`: the Anthropic SDK raises its typed
+    error for the status (and for `details.error_code`, e.g. `ThreadNotFoundError`) with the message."""
+    kind = _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    error: dict[str, Any] = {"type": kind, "message": message}
+    if code is not None:
+        error["details"] = {"error_code": code}
+    return json.dumps({"type": "error", "error": error}).encode()
+
+
+def anthropic_error_response(status: int, message: str, code: str | None = None) -> Response:
+    body = anthropic_error_body(status, message, code)
+    return Response(body, status_code=status, media_type="application/json")
+
+
+def anthropic_response_for(exc: ReinforgeError) -> Response:
+    """Any reinforge error with its HTTP status and an Anthropic-shaped body."""
+    message = str(exc) or type(exc).__name__
+    return anthropic_error_response(exc.http_status, message, getattr(exc, "code", None))

@@ -1,9 +1,10 @@
 """The OpenAI request bodies the gateway accepts, validated and turned into one GenerationRequest.
 
-Why strict: an option the backend can't honour (n>1, penalties, top-k alternatives, JSON mode) is a
-clear 400 naming the parameter, never silently ignored, because a silently different sampling
-distribution would corrupt the behaviour logprobs the trainer relies on. Fields that change nothing
-about generation (user, metadata, store...) are accepted and only recorded.
+Why strict: an option the backend can't honour (top-k alternatives, audio, server-side conversation
+state) is a clear 400 naming the parameter, never silently ignored, because a silently different
+sampling distribution would corrupt the behaviour logprobs the trainer relies on. Fields that change
+nothing about generation (user, metadata, store...) are accepted and only recorded. The table of every
+field, honoured or refused, is in docs/gateway.md.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from reinforge.finish_wire import FinishBody
 from reinforge.gateway.errors import GatewayHTTPError
-from reinforge.inference.contract import GenerationRequest, SamplingParams
+from reinforge.inference.contract import GenerationRequest, ResponseFormat, SamplingParams
 
 M = TypeVar("M", bound=BaseModel)
 
 _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
+
+MAX_CHOICES = 16
+"""The most samples one request may ask for (`n`): each is a generation and a recorded call."""
 
 
 class _Body(BaseModel):
@@ -129,18 +133,60 @@ def _reject(param: str, why: str) -> GatewayHTTPError:
     return GatewayHTTPError(400, f"{param}: {why}", param=param, code="unsupported_parameter")
 
 
-def _check_unsupported(body: _OpenAISampling) -> None:
-    if body.n not in (None, 1):
-        raise _reject("n", "only n=1 is supported; send n separate requests (each is its own sample)")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if getattr(body, name) not in (None, 0, 0.0):
-            raise _reject(name, "penalties are not supported by the reinforge gateway")
-    if body.logit_bias:
-        raise _reject("logit_bias", "logit_bias is not supported by the reinforge gateway")
+def choice_count(n: int | None, stream: bool) -> int:
+    """How many samples a request asks for (`n`), checked."""
+    count = 1 if n is None else n
+    if not 1 <= count <= MAX_CHOICES:
+        raise GatewayHTTPError(
+            400, f"n: must be between 1 and {MAX_CHOICES}", param="n", code="invalid_value"
+        )
+    if count > 1 and stream:
+        raise _reject("n", "n>1 is served without streaming; send stream=false or n separate streams")
+    return count
+
+
+def _logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
+    bias: dict[int, float] = {}
+    for key, value in (raw or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise GatewayHTTPError(
+                400, f"logit_bias: keys are token ids, got {key!r}", param="logit_bias", code="invalid_value"
+            ) from None
+        bias[token] = value
+    return bias
+
+
+def _response_format(raw: dict[str, Any] | None, param: str) -> ResponseFormat | None:
+    """OpenAI's `response_format` (chat) or `text.format` (responses) as a ResponseFormat."""
+    if not raw or raw.get("type") in (None, "text"):
+        return None
+    kind = raw.get("type")
+    if kind == "json_object":
+        return ResponseFormat(type="json_object")
+    if kind != "json_schema":
+        raise _reject(f"{param}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
+    spec = raw.get("json_schema", raw)  # chat nests the schema; responses' text.format does not
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        where = f"{param}.json_schema.schema" if "json_schema" in raw else f"{param}.schema"
+        raise GatewayHTTPError(400, f"{where}: a JSON Schema object is required", param=where)
+    name = spec.get("name")
+    return ResponseFormat(
+        type="json_schema", json_schema=schema, name=name if isinstance(name, str) else None
+    )
 
 
 def _sampling(body: _Body, max_tokens: int | None, stop: str | list[str] | None) -> SamplingParams:
     values: dict[str, Any] = {}
+    if isinstance(body, _OpenAISampling):
+        if body.presence_penalty:
+            values["presence_penalty"] = body.presence_penalty
+        if body.frequency_penalty:
+            values["frequency_penalty"] = body.frequency_penalty
+        if body.logit_bias:
+            values["logit_bias"] = _logit_bias(body.logit_bias)
     if body.temperature is not None:
         values["temperature"] = body.temperature
     if body.top_p is not None:
@@ -223,11 +269,8 @@ def _check_tools(tools: list[dict[str, Any]] | None, param: str = "tools") -> li
 
 
 def chat_request(body: ChatCompletionBody) -> GenerationRequest:
-    _check_unsupported(body)
     if body.top_logprobs:
         raise _reject("top_logprobs", "alternative tokens are not recorded; use logprobs=true alone")
-    if body.response_format and body.response_format.get("type") not in (None, "text"):
-        raise _reject("response_format", "only the text response format is supported")
     for name in (
         "audio",
         "prediction",
@@ -244,14 +287,32 @@ def chat_request(body: ChatCompletionBody) -> GenerationRequest:
     return GenerationRequest(
         messages=_normalise_messages(body.messages),
         tools=_check_tools(body.tools),
-        tool_choice=body.tool_choice,
+        tool_choice=_tool_choice(body.tool_choice, "tool_choice"),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        response_format=_response_format(body.response_format, "response_format"),
         sampling=_sampling(body, max_tokens, body.stop),
         model=body.model,
     )
 
 
+def _tool_choice(choice: Any, param: str) -> Any:
+    """OpenAI's tool_choice: "auto", "none", "required", or a named function (checked for shape)."""
+    if choice is None or choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else choice.get("name")
+        if isinstance(name, str) and name:
+            return {"type": "function", "function": {"name": name}}
+    raise GatewayHTTPError(
+        400,
+        f"{param}: must be 'auto', 'none', 'required' or {{'type': 'function', 'function': {{'name': ...}}}}",
+        param=param,
+        code="invalid_value",
+    )
+
+
 def completion_request(body: CompletionBody) -> GenerationRequest:
-    _check_unsupported(body)
     if body.echo:
         raise _reject("echo", "echo is not supported")
     if body.suffix:
@@ -287,8 +348,8 @@ def _responses_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]
 
 def _responses_tool_choice(choice: Any) -> Any:
     if isinstance(choice, dict) and choice.get("type") == "function":
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    return choice
+        return _tool_choice({"type": "function", "function": {"name": choice.get("name")}}, "tool_choice")
+    return _tool_choice(choice, "tool_choice")
 
 
 def _responses_messages(body: ResponsesBody) -> list[dict[str, Any]]:
@@ -341,13 +402,12 @@ def responses_request(body: ResponsesBody) -> GenerationRequest:
         raise _reject("top_logprobs", "alternative tokens are not recorded")
     if body.reasoning and any(v is not None for v in body.reasoning.values()):
         raise _reject("reasoning", "reasoning options are not supported")
-    fmt = (body.text or {}).get("format") or {}
-    if fmt.get("type") not in (None, "text"):
-        raise _reject("text.format", "only the text format is supported")
     return GenerationRequest(
         messages=_responses_messages(body),
         tools=_responses_tools(body.tools),
         tool_choice=_responses_tool_choice(body.tool_choice),
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+        response_format=_response_format((body.text or {}).get("format"), "text.format"),
         sampling=_sampling(body, body.max_output_tokens, None),
         model=body.model,
     )

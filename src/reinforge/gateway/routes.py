@@ -17,10 +17,14 @@ from typing import Any
 from starlette.responses import Response, StreamingResponse
 
 from reinforge._headers import bearer_token
+from reinforge.access import attempt_of_token
 from reinforge.errors import ReinforgeError
 from reinforge.finish_wire import FinishItem, FinishManyBody
 from reinforge.gateway.errors import (
     GatewayHTTPError,
+    anthropic_error_body,
+    anthropic_error_response,
+    anthropic_response_for,
     error_body,
     error_object,
     error_response,
@@ -28,10 +32,14 @@ from reinforge.gateway.errors import (
     status_and_error,
 )
 from reinforge.gateway.formats import API_FORMATS, ApiFormat, FormatContext, TokenTexts, token_id_texts
-from reinforge.gateway.formats.base import Event
+from reinforge.gateway.formats.anthropic_messages import AnthropicMessages
+from reinforge.gateway.formats.base import Event, merge_choices
+from reinforge.gateway.history import Restored
 from reinforge.gateway.openai_bodies import check_span_owners, finish_body, parse_body, reward_body
+from reinforge.gateway.otlp import OtlpLimits
+from reinforge.gateway.otlp_receiver import TRACES_PATH, OtlpReceiver
 from reinforge.gateway.service import Caller, Gateway
-from reinforge.inference.contract import GenerationResult, TextDelta
+from reinforge.inference.contract import GenerationRequest, GenerationResult, TextDelta
 from reinforge.json_codec import dumps, loads
 from reinforge.net.routes import (
     BadContentLengthError,
@@ -45,8 +53,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 
-AGENT_PREFIXES = ("/r/{attempt_id}/v1", "/r/{attempt_id}/agents/{agent_name}/v1")
-"""An agent's base URLs: per attempt, and per attempt and named agent (multi-agent systems)."""
+AGENT_PREFIXES = (
+    "/r/{attempt_id}/v1",
+    "/r/{attempt_id}/agents/{agent_name}/v1",
+    "/v1",
+    "/agents/{agent_name}/v1",
+)
+"""An agent's base URLs: per attempt, and per attempt and named agent (multi-agent systems); the
+last two are shared by every attempt, the key naming the attempt (`access.attempt_of_token`)."""
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _SSE_DONE = b"data: [DONE]\n\n"
@@ -86,11 +100,20 @@ def json_body(request: RouteRequest) -> Any:
 
 
 def _token(request: RouteRequest) -> str | None:
-    return bearer_token(request.header(b"authorization"))
+    """The bearer token, or else the `x-api-key` header (Anthropic's SDKs send the key there)."""
+    token = bearer_token(request.header(b"authorization"))
+    return token if token is not None else (request.header(b"x-api-key") or "").strip() or None
+
+
+def _anthropic_route(path: str) -> bool:
+    """Anthropic's Messages route answers in Anthropic's error envelope, so its SDK raises typed errors."""
+    return path.endswith("/v1" + AnthropicMessages.path)
 
 
 def error_for(request: RouteRequest, exc: Exception) -> Response:
-    """Every failure as an OpenAI-shaped error response (a crash is a 500, never a hang)."""
+    """Every failure as an OpenAI-shaped error response, Anthropic-shaped on Anthropic's route (a
+    crash is a 500, never a hang)."""
+    anthropic = _anthropic_route(request.path)
     if isinstance(exc, BodyTooLargeError):
         if exc.declared is not None:
             message = f"request body of {exc.declared} bytes exceeds the {exc.limit}-byte limit"
@@ -100,17 +123,23 @@ def error_for(request: RouteRequest, exc: Exception) -> Response:
     elif isinstance(exc, BadContentLengthError):
         exc = GatewayHTTPError(400, "invalid Content-Length header")
     if isinstance(exc, ReinforgeError):
-        return response_for(exc)
+        return anthropic_response_for(exc) if anthropic else response_for(exc)
     log.exception("gateway error on %s", request.path, exc_info=exc)
-    return error_response(500, f"internal gateway error: {type(exc).__name__}: {exc}")
+    message = f"internal gateway error: {type(exc).__name__}: {exc}"
+    if anthropic:
+        return anthropic_error_response(500, message)
+    return error_response(500, message)
 
 
-def _stream_error(exc: BaseException) -> bytes:
+def _stream_error(exc: BaseException, anthropic: bool = False) -> bytes:
+    code = None
     if isinstance(exc, ReinforgeError):
-        status, message = exc.http_status, str(exc)
+        status, message, code = exc.http_status, str(exc), getattr(exc, "code", None)
     else:
         log.exception("gateway error while streaming", exc_info=exc)
         status, message = 500, f"internal gateway error: {type(exc).__name__}: {exc}"
+    if anthropic:  # Anthropic's stream error is an `error` event
+        return b"event: error\ndata: " + anthropic_error_body(status, message, code) + b"\n\n"
     return b"data: " + error_body(status, message) + b"\n\n"
 
 
@@ -121,6 +150,14 @@ def _frame(event: Event, named: bool) -> bytes:
     return b"data: " + dumps(event) + b"\n\n"
 
 
+def sample_of(request: GenerationRequest, index: int) -> GenerationRequest:
+    """The `index`-th of n samples: a seeded request gets seed + index, so the samples differ."""
+    seed = request.sampling.seed
+    if not index or seed is None:
+        return request
+    return request.model_copy(update={"sampling": request.sampling.model_copy(update={"seed": seed + index})})
+
+
 def _unsent_text(streamed: str, final: str) -> str:
     """What the final text adds to what was streamed (a backend may hold back a tail)."""
     return final[len(streamed) :] if final.startswith(streamed) else ""
@@ -129,8 +166,9 @@ def _unsent_text(streamed: str, final: str) -> str:
 class GatewayRoutes:
     """The route handlers, closed over one `Gateway`."""
 
-    def __init__(self, gateway: Gateway) -> None:
+    def __init__(self, gateway: Gateway, otlp_limits: OtlpLimits | None = None) -> None:
         self.g = gateway
+        self.otlp = OtlpReceiver(gateway, otlp_limits)
         texts = getattr(gateway.backend, "token_texts", None)
         self.texts: TokenTexts = texts if callable(texts) else token_id_texts
 
@@ -140,20 +178,28 @@ class GatewayRoutes:
             routes += [Route("POST", prefix + fmt.path, self.serve_format(fmt)) for fmt in API_FORMATS]
             routes.append(Route("GET", prefix + "/models", self.models))
         routes += [
+            Route("POST", TRACES_PATH, self.otlp.receive),  # OpenTelemetry traces (OTLP/HTTP)
             Route("POST", "/r/{attempt_id}/reward", self.reward),
             Route("POST", "/r/{attempt_id}/flush", self.flush),
             Route("POST", "/r/{attempt_id}/finish", self.finish),
             Route("POST", "/finish", self.finish_many),
-            Route("GET", "/v1/models", self.models),
             Route("GET", "/health", self.health),
         ]
         return RouteTable(routes, max_body_bytes=max_body_bytes, on_error=error_for)
 
     async def _admit(self, request: RouteRequest) -> Caller:
         params = request.path_params
+        token = _token(request)
+        attempt_id = params.get("attempt_id") or attempt_of_token(token)
+        if attempt_id is None:
+            raise GatewayHTTPError(
+                401,
+                "the key names no attempt: on the shared /v1 URL, send the attempt's key (LLM.api_key)",
+                code="invalid_api_key" if token else "missing_api_key",
+            )
         return await self.g.admit(
-            params["attempt_id"],
-            _token(request),
+            attempt_id,
+            token,
             agent=params.get("agent_name") or request.header(b"x-reinforge-agent") or None,
             traceparent=request.header(b"traceparent"),
         )
@@ -167,32 +213,47 @@ class GatewayRoutes:
             data = json_body(request)
             if not isinstance(data, dict):
                 raise GatewayHTTPError(400, "the request body must be a JSON object")
-            call = fmt.parse(data, FormatContext(g.backend.model_name, self.texts))
+            call = fmt.parse(data, FormatContext(g.backend.model_name, self.texts, caller.state.extra))
+            gen, history = g.prepare(caller, call.request)
             await g.wait_for_policy(caller)
             if call.stream:
                 return StreamingResponse(
-                    self._stream(caller, call, data), media_type="text/event-stream", headers=_SSE_HEADERS
+                    self._stream(caller, call, gen, history, data),
+                    media_type="text/event-stream",
+                    headers=_SSE_HEADERS,
                 )
             started, t0 = time.time(), time.perf_counter()
-            result = await g.generate(call.request)
+            if call.n == 1:
+                results = [await g.generate(gen)]
+            else:
+                results = list(await asyncio.gather(*(g.generate(sample_of(gen, i)) for i in range(call.n))))
             latency_ms = (time.perf_counter() - t0) * 1000
-            response = call.body(result)
-            await g.record_call(
-                caller,
-                endpoint=fmt.endpoint,
-                request_body=data,
-                response_body=response,
-                result=result,
-                started=started,
-                latency_ms=latency_ms,
-            )
-            return _ok(response)
+            bodies = [call.body(result) for result in results]
+            for result, body in zip(results, bodies, strict=True):
+                await g.record_call(
+                    caller,
+                    endpoint=fmt.endpoint,
+                    request_body=data,
+                    response_body=body,
+                    result=result,
+                    started=started,
+                    latency_ms=latency_ms,
+                    history=history,
+                )
+            return _ok(bodies[0] if len(bodies) == 1 else merge_choices(bodies))
 
         return serve
 
-    async def _stream(self, caller: Caller, call: ApiFormat, data: dict[str, Any]) -> AsyncIterator[bytes]:
+    async def _stream(
+        self,
+        caller: Caller,
+        call: ApiFormat,
+        gen: GenerationRequest,
+        history: Restored | None,
+        data: dict[str, Any],
+    ) -> AsyncIterator[bytes]:
         g, named = self.g, call.named_events
-        items = g.stream(call.request)
+        items = g.stream(gen)
         try:
             started, t0 = time.time(), time.perf_counter()
             for event in call.stream_start():
@@ -220,13 +281,14 @@ class GatewayRoutes:
                 result=result,
                 started=started,
                 latency_ms=latency_ms,
+                history=history,
             )
             for event in call.stream_done(response):
                 yield _frame(event, named)
             if call.ends_with_done:
                 yield _SSE_DONE
         except Exception as exc:
-            yield _stream_error(exc)
+            yield _stream_error(exc, isinstance(call, AnthropicMessages))
         finally:
             await items.aclose()  # leaves the pause gate even when the client went away mid-stream
 

@@ -22,7 +22,9 @@ from reinforge.access import attempt_token, finish_token, token_matches
 from reinforge.errors import UpstreamError
 from reinforge.gateway.attempts import AttemptGuard, AttemptState
 from reinforge.gateway.errors import GatewayHTTPError
+from reinforge.gateway.history import Restored
 from reinforge.gateway.recorder import SpanRecorder
+from reinforge.gateway.tool_schemas import canonical_tools
 from reinforge.inference.contract import Backend, GenerationRequest, GenerationResult, TextDelta
 from reinforge.store.protocol import Store
 from reinforge.types import (
@@ -347,6 +349,19 @@ class Gateway:
         if self._holds:
             await self._wait_for_policy(caller.state)
 
+    def prepare(
+        self, caller: Caller, request: GenerationRequest
+    ) -> tuple[GenerationRequest, Restored | None]:
+        """The request as the backend should render it: the attempt's own assistant turns in their
+        generated spelling and the tools in one spelling (`gateway.history`, `gateway.tool_schemas`)."""
+        if request.messages is None:
+            return request, None
+        restored = caller.state.turns.restore(request.messages)
+        update: dict[str, Any] = {"messages": restored.messages}
+        if request.tools:
+            update["tools"] = canonical_tools(request.tools)
+        return request.model_copy(update=update), restored
+
     def _check_result(self, result: GenerationResult) -> GenerationResult:
         if len(result.logprobs) != len(result.completion_token_ids):
             raise UpstreamError(
@@ -365,9 +380,12 @@ class Gateway:
         result: GenerationResult,
         started: float,
         latency_ms: float,
+        history: Restored | None = None,
     ) -> Span:
-        """Record one LLM call as a span: the exact token ids and logprobs, and both bodies."""
+        """Record one LLM call as a span: the exact token ids and logprobs, and both bodies; remember
+        the answer so that the history sent back later renders as it was generated."""
         state = caller.state
+        state.turns.remember(result)
         attributes: dict[str, Any] = {
             semconv.ATTR_STEP_KIND: semconv.STEP_LLM,
             semconv.ATTR_LLM_ENDPOINT: endpoint,
@@ -385,6 +403,10 @@ class Gateway:
         }
         if caller.agent is not None:
             attributes[semconv.ATTR_AGENT_NAME] = caller.agent
+        if history is not None:
+            attributes[semconv.ATTR_HISTORY_MATCHED] = history.matched
+            attributes[semconv.ATTR_HISTORY_RESPELLED] = history.respelled
+            attributes[semconv.ATTR_HISTORY_UNMATCHED] = history.unmatched
         if result.malformed_tool_call:
             attributes[semconv.ATTR_AIR_SIGNAL] = semconv.AIR_MALFORMED_TOOL_CALL
         span = await self._record(caller, semconv.SPAN_LLM_CALL, SpanKind.client, attributes, started)

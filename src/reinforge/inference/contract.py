@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class SamplingParams(BaseModel):
@@ -30,6 +30,31 @@ class SamplingParams(BaseModel):
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
     seed: int | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    """Subtracted once from the logit of every token already generated (OpenAI's definition)."""
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    """Subtracted from a token's logit once per time it was generated."""
+    logit_bias: dict[int, float] = Field(default_factory=dict)
+    """Token id -> a bias in [-100, 100] added to its logit before sampling."""
+    grammar: str | None = None
+    """A Lark grammar (llguidance's dialect, `%json {...}` for JSON schemas) the output must match.
+
+    Penalties, bias and grammar shape only the distribution sampled from; the recorded logprob stays
+    the policy's own (see `reinforge.engine.sampling`), so the trainer's importance ratios stay exact.
+    """
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_range(cls, value: dict[int, float]) -> dict[int, float]:
+        for token, bias in value.items():
+            if not -100.0 <= bias <= 100.0:
+                raise ValueError(f"the bias of token {token} is {bias}; biases lie in [-100, 100]")
+        return value
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether sampling needs more than temperature and truncation."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logit_bias or self.grammar)
 
 
 class ToolCall(BaseModel):
@@ -38,6 +63,17 @@ class ToolCall(BaseModel):
     id: str
     name: str
     arguments: str
+
+
+class ResponseFormat(BaseModel):
+    """Structured output: any JSON object, or JSON matching a schema (OpenAI's `response_format`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+    """The JSON Schema itself (for "json_schema")."""
+    name: str | None = None
 
 
 class GenerationRequest(BaseModel):
@@ -50,6 +86,10 @@ class GenerationRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     """OpenAI function-tool definitions: [{"type": "function", "function": {...}}]."""
     tool_choice: Any = None
+    """None/"auto", "none", "required", or {"type": "function", "function": {"name": ...}}."""
+    parallel_tool_calls: bool = True
+    """False: at most one tool call per turn (enforced where the output is constrained to a call)."""
+    response_format: ResponseFormat | None = None
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     model: str | None = None
 

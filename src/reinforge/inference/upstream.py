@@ -31,6 +31,8 @@ from reinforge.inference.contract import (
     FinishReason,
     GenerationRequest,
     GenerationResult,
+    ResponseFormat,
+    SamplingParams,
     TextDelta,
     ToolCall,
 )
@@ -63,6 +65,24 @@ def _ids_from_logprob_tokens(tokens: list[str]) -> list[int]:
             )
         ids.append(int(token[len(_TOKEN_ID_PREFIX) :]))
     return ids
+
+
+def _shaping(s: SamplingParams) -> dict[str, Any]:
+    """Penalties and logit bias under the names vLLM and SGLang both use."""
+    out: dict[str, Any] = {}
+    if s.presence_penalty:
+        out["presence_penalty"] = s.presence_penalty
+    if s.frequency_penalty:
+        out["frequency_penalty"] = s.frequency_penalty
+    if s.logit_bias:
+        out["logit_bias"] = {str(token): bias for token, bias in s.logit_bias.items()}
+    return out
+
+
+def _openai_response_format(fmt: ResponseFormat) -> dict[str, Any]:
+    if fmt.type == "json_object":
+        return {"type": "json_object"}
+    return {"type": "json_schema", "json_schema": {"name": fmt.name or "response", "schema": fmt.json_schema}}
 
 
 def _failure(url: str, exc: httpx.HTTPError) -> str:
@@ -191,6 +211,9 @@ class UpstreamBackend:
             out["stop_token_ids"] = s.stop_token_ids
         if s.seed is not None:
             out["seed"] = s.seed
+        out.update(_shaping(s))
+        if s.grammar is not None:
+            out["structured_outputs"] = {"grammar": s.grammar}  # vLLM's field; llguidance reads it
         return out
 
     def _vllm_payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
@@ -207,6 +230,10 @@ class UpstreamBackend:
                 payload["tools"] = request.tools
             if request.tool_choice is not None:
                 payload["tool_choice"] = request.tool_choice
+            if not request.parallel_tool_calls:
+                payload["parallel_tool_calls"] = False
+            if request.response_format is not None:
+                payload["response_format"] = _openai_response_format(request.response_format)
             return "/v1/chat/completions", payload
         payload["prompt"] = request.prompt
         payload["logprobs"] = 0
@@ -223,6 +250,19 @@ class UpstreamBackend:
             params["stop_token_ids"] = s.stop_token_ids
         if s.seed is not None:
             params["sampling_seed"] = s.seed
+        params.update(_shaping(s))
+        if s.grammar is not None:
+            raise InvalidRequestError(
+                "a Lark grammar can't be sent to SGLang's native API; use response_format"
+            )
+        if request.tool_choice not in (None, "auto", "none"):
+            raise InvalidRequestError(
+                f"tool_choice={request.tool_choice!r} is not supported through SGLang's native API"
+            )
+        if request.response_format is not None:
+            fmt = request.response_format
+            schema = fmt.json_schema if fmt.type == "json_schema" else {"type": "object"}
+            params["json_schema"] = json.dumps(schema)
         payload: dict[str, Any] = {"sampling_params": params, "return_logprob": True}
         if request.messages is not None:
             if self.tokenizer is None or not hasattr(self.tokenizer, "apply_chat_template"):

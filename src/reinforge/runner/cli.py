@@ -119,6 +119,13 @@ def runner_command(
         typer.Option("--pass-env", help="Extra variable a command agent inherits (repeatable)."),
     ] = None,
     log_level: Annotated[str, typer.Option("--log-level")] = "warning",
+    instrument_frameworks: Annotated[
+        bool,
+        typer.Option(
+            "--instrument-frameworks/--no-instrument-frameworks",
+            help="Record LangChain/LangGraph, Agents SDK, AutoGen and Anthropic SDK tool and agent runs.",
+        ),
+    ] = True,
     exit_with_parent: Annotated[
         int | None,
         typer.Option(
@@ -159,6 +166,7 @@ def runner_command(
                 lease_seconds=lease_seconds,
                 timeout_s=timeout_s,
                 model=model,
+                instrument_frameworks=instrument_frameworks,
             )
             return await _serve(runner, max_rollouts, exit_with_parent)
 

@@ -1,5 +1,6 @@
 """Agents as commands, in any language: the task goes in through the environment, the reward comes out
-through the gateway's reward URL or a last `REINFORGE_REWARD=<float>` stdout line.
+through the gateway's reward URL or a last `REINFORGE_REWARD=<float>` stdout line, and an
+OpenTelemetry SDK in the command exports its traces to the attempt on the gateway (`otlp_env`).
 
 The process runs in its own process group, so a timeout or a cancellation kills everything it started
 (a shell's children, a browser, a sandbox). Its environment is built from an allow-list: it holds the
@@ -18,6 +19,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
+from urllib.parse import quote
 
 from reinforge.errors import InvalidRequestError, ReinforgeError
 from reinforge.runner.llm import LLM
@@ -35,6 +37,26 @@ MAX_ENV_VALUE_BYTES = 128 * 1024 - 1
 """Linux refuses a single environment string longer than this (MAX_ARG_STRLEN)."""
 
 _TAIL_BYTES = 8192
+
+OTLP_TRACES_ENDPOINT = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+OTLP_TRACES_HEADERS = "OTEL_EXPORTER_OTLP_TRACES_HEADERS"
+OTLP_TRACES_PROTOCOL = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
+OTEL_SERVICE_NAME = "OTEL_SERVICE_NAME"
+DEFAULT_SERVICE_NAME = "reinforge-agent"
+
+
+def otlp_env(llm: LLM, service_name: str | None = None) -> dict[str, str]:
+    """The OpenTelemetry SDK settings that send a command's traces to its attempt on the gateway
+    (`POST <attempt>/v1/traces`, keyed like its LLM calls), in the OTel spec's environment format.
+    Empty for an LLM no runner made (it has no attempt URL)."""
+    if not llm.attempt_root:
+        return {}
+    return {
+        OTLP_TRACES_ENDPOINT: f"{llm.attempt_root}/v1/traces",
+        OTLP_TRACES_HEADERS: "Authorization=" + quote(f"Bearer {llm.api_key}", safe=""),
+        OTLP_TRACES_PROTOCOL: "http/protobuf",
+        OTEL_SERVICE_NAME: service_name or DEFAULT_SERVICE_NAME,
+    }
 
 
 class AgentProcessError(ReinforgeError):
@@ -151,10 +173,17 @@ class CommandAgent:
         self.kill_grace_s = kill_grace_s
 
     def build_env(self, task: dict[str, Any], llm: LLM, rollout_id: str, attempt_id: str) -> dict[str, str]:
-        """The command's whole environment: the allow-list, `env`, then the attempt's variables."""
+        """The command's whole environment: the allow-list, `env`, the OpenTelemetry exporter's
+        settings where those left them unset (`otlp_env`), then the attempt's variables."""
         names = (*INHERITED_ENV, *self.pass_env)
         env = {k: os.environ[k] for k in names if k in os.environ}
         env.update(self.extra_env)
+        otlp = otlp_env(llm, self.name)
+        if OTLP_TRACES_ENDPOINT in env:
+            # The user's own collector: the attempt's key and the protocol are not for it.
+            otlp = {k: v for k, v in otlp.items() if k not in (OTLP_TRACES_HEADERS, OTLP_TRACES_PROTOCOL)}
+        for key, value in otlp.items():
+            env.setdefault(key, value)  # what `pass_env` or `env` set wins
         env.update(
             {
                 "OPENAI_BASE_URL": llm.base_url,

@@ -3,8 +3,10 @@
     client = openai.OpenAI(base_url=llm.base_url, api_key=llm.api_key)
     client.chat.completions.create(model=llm.model, messages=...)
 
-The base URL names the attempt, so every call the agent makes is recorded for it; `for_agent(name)`
-gives the same endpoint tagged with an agent name, for selective training in multi-agent systems.
+The key names the attempt, so every call the agent makes is recorded for it, and the base URL is one
+for all attempts (`<gateway>/v1`): a framework that caches an HTTP client per base URL reuses it
+across rollouts. `for_agent(name)` gives an endpoint tagged with an agent name, for selective
+training in multi-agent systems (`/r/<attempt>/v1` also still names the attempt by its URL).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ class LLM:
     """The policy endpoint of one attempt, plus the resources version the attempt runs with."""
 
     base_url: str
-    """An OpenAI base URL (ends in `/v1`)."""
+    """An OpenAI base URL (ends in `/v1`), the same for every attempt of a gateway."""
     api_key: str
     """The attempt's own bearer token; it opens only this attempt."""
     model: str
@@ -49,7 +51,7 @@ class LLM:
     ) -> LLM:
         root = attempt_url(gateway_url, attempt_id)
         return cls(
-            base_url=f"{root}/v1",
+            base_url=f"{gateway_url.rstrip('/')}/v1",
             api_key=api_key,
             model=model,
             resources=dict(resources or {}),
@@ -65,9 +67,8 @@ class LLM:
             raise InvalidRequestError(
                 "this LLM was not made by a runner (no attempt URL); can't tag an agent"
             )
-        return replace(
-            self, base_url=f"{self.attempt_root}/agents/{quote(name, safe='')}/v1", agent_name=name
-        )
+        gateway = self.attempt_root.rsplit("/r/", 1)[0]
+        return replace(self, base_url=f"{gateway}/agents/{quote(name, safe='')}/v1", agent_name=name)
 
     @property
     def reward_url(self) -> str:

@@ -31,6 +31,7 @@ from reinforge.errors import (
 )
 from reinforge.runner.agent import Agent, AgentFunction, RolloutResult, as_agent
 from reinforge.runner.command import AgentProcessError, CommandAgent
+from reinforge.runner.frameworks import instrument_frameworks as hook_frameworks
 from reinforge.runner.gateway_client import GatewayClient
 from reinforge.runner.llm import LLM
 from reinforge.runner.resources import ResourcesCache, model_from_resources
@@ -94,6 +95,8 @@ class Runner:
     `gateway_secret` signs each attempt's token (see `reinforge.access.attempt_token`); the agent
     only ever sees its own attempt's token. `timeout_s` bounds one attempt when the agent sets none.
     `on_lease` sees each leased batch before its agents start (a co-located gateway primes its cache).
+    `instrument_frameworks` records in-process agents' framework telemetry (LangChain/LangGraph, the
+    Agents SDK, AutoGen, the Anthropic SDK) as tool and agent steps; see `reinforge.runner.frameworks`.
     """
 
     def __init__(
@@ -115,6 +118,7 @@ class Runner:
         drain_timeout_s: float | None = None,
         lease_batch_wait_s: float = 0.005,
         on_lease: Callable[[list[LeasedRollout]], None] | None = None,
+        instrument_frameworks: bool = True,
     ) -> None:
         if concurrency < 1:
             raise InvalidRequestError(f"concurrency must be at least 1, got {concurrency}")
@@ -138,6 +142,8 @@ class Runner:
         self.drain_timeout_s = drain_timeout_s
         self.lease_batch_wait_s = lease_batch_wait_s
         self.on_lease = on_lease
+        # A command agent runs in its own process: hooks in this one would see nothing of it.
+        self.instrument_frameworks = instrument_frameworks and not isinstance(self.agent, CommandAgent)
         self.stats = RunnerStats()
         self._resources = ResourcesCache(store)
         self._writer: SpanWriter | None = None
@@ -151,6 +157,8 @@ class Runner:
         attempts in flight (up to `drain_timeout_s`) and return."""
         instrument_threads()
         install_global_tracer_provider()
+        if self.instrument_frameworks:
+            hook_frameworks()
         stop = stop or asyncio.Event()
         self._writer = await SpanWriter(self.store).start()
         self._gateway = GatewayClient(self.gateway_url, self._secret)
@@ -265,6 +273,8 @@ class Runner:
         if self.agent.name is not None:
             llm = llm.for_agent(self.agent.name)
         assert self._writer is not None
+        if self.instrument_frameworks:
+            hook_frameworks()  # a framework the agent imported since the last attempt is hooked now
         spans = AttemptSpanBuffer(self._writer)
         ctx = AttemptContext(
             rollout_id=rollout.rollout_id,
@@ -273,6 +283,7 @@ class Runner:
             agent_name=self.agent.name,
             resources=resources.resources,
             resources_version=resources.version,
+            framework_telemetry=self.instrument_frameworks,
         )
         with attempt_scope(ctx):  # the agent's task copies the context, so its spans are the attempt's
             work = asyncio.create_task(self._invoke(rollout.task, llm, rollout.rollout_id, attempt_id))

@@ -14,8 +14,13 @@ into the store; agents only call `span` and `emit_reward`.
 from reinforge.tracing.api import SpanHandle, emit_reward, reward_value, span
 from reinforge.tracing.buffer import AttemptSpanBuffer
 from reinforge.tracing.context import AttemptContext, SpanSink, attempt_scope, current_attempt
-from reinforge.tracing.processor import AttemptSpanProcessor, to_reinforge_span
-from reinforge.tracing.provider import get_tracer, get_tracer_provider, install_global_tracer_provider
+from reinforge.tracing.processor import AttemptSpanProcessor, SpanTranslator, to_reinforge_span
+from reinforge.tracing.provider import (
+    add_span_translator,
+    get_tracer,
+    get_tracer_provider,
+    install_global_tracer_provider,
+)
 from reinforge.tracing.threads import instrument_threads
 from reinforge.tracing.writer import SpanWriter
 
@@ -25,7 +30,9 @@ __all__ = [
     "AttemptSpanProcessor",
     "SpanHandle",
     "SpanSink",
+    "SpanTranslator",
     "SpanWriter",
+    "add_span_translator",
     "attempt_scope",
     "current_attempt",
     "emit_reward",

@@ -33,6 +33,9 @@ class AttemptContext:
     agent_name: str | None = None
     resources: dict[str, Any] = field(default_factory=dict)
     resources_version: int | None = None
+    framework_telemetry: bool = False
+    """Whether agent frameworks' own telemetry (tool runs, agent roles) is recorded as reinforge
+    steps for this attempt; the runner sets it from `instrument_frameworks`."""
     _sequence: itertools.count[int] = field(default_factory=itertools.count, repr=False)
 
     def next_sequence(self) -> int:

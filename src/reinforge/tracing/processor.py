@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from opentelemetry.context import Context
@@ -22,6 +23,8 @@ from opentelemetry.trace import StatusCode
 from reinforge.semconv import ATTR_SEQUENCE_IN_ATTEMPT
 from reinforge.tracing.context import AttemptContext, current_attempt
 from reinforge.types import Span, SpanEvent, SpanKind, SpanStatus, SpanStatusCode
+
+log = logging.getLogger(__name__)
 
 ATTR_JSON_KEYS = "reinforge.internal.json_keys"
 """OpenTelemetry attributes hold only scalars and flat lists; richer values travel as JSON text and
@@ -107,12 +110,27 @@ def to_reinforge_span(span: ReadableSpan, rollout_id: str, attempt_id: str) -> S
     )
 
 
+SpanTranslator = Callable[[Span], Span]
+"""Rewrites a converted span before it is stored (a framework's telemetry into reinforge steps)."""
+
+
 class AttemptSpanProcessor(SpanProcessor):
-    """Routes each span to the writer of the attempt it started in."""
+    """Routes each span to the writer of the attempt it started in.
+
+    Translators run only for attempts with `framework_telemetry` on, so a runner that turned framework
+    instrumentation off stores other instrumentation's spans unchanged.
+    """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._owners: dict[tuple[int, int], AttemptContext] = {}
+        self._translators: tuple[SpanTranslator, ...] = ()
+
+    def add_translator(self, translator: SpanTranslator) -> None:
+        """Apply `translator` to every span of a framework-instrumented attempt (idempotent)."""
+        with self._lock:
+            if translator not in self._translators:
+                self._translators += (translator,)
 
     def on_start(self, span: OtelSpan, parent_context: Context | None = None) -> None:
         attempt = current_attempt()
@@ -129,8 +147,16 @@ class AttemptSpanProcessor(SpanProcessor):
             return
         with self._lock:
             attempt = self._owners.pop((ctx.trace_id, ctx.span_id), None)
-        if attempt is not None:
-            attempt.sink.submit(to_reinforge_span(span, attempt.rollout_id, attempt.attempt_id))
+        if attempt is None:
+            return
+        converted = to_reinforge_span(span, attempt.rollout_id, attempt.attempt_id)
+        if attempt.framework_telemetry:
+            for translate in self._translators:
+                try:
+                    converted = translate(converted)
+                except Exception:  # a span ends inside the agent's code: never fail it for this
+                    log.exception("span translator %r failed; the span is stored as it was", translate)
+        attempt.sink.submit(converted)
 
     def shutdown(self) -> None:
         with self._lock:

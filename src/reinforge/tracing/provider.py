@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
 from reinforge.semconv import trace_id_for
 from reinforge.tracing.context import current_attempt
-from reinforge.tracing.processor import AttemptSpanProcessor
+from reinforge.tracing.processor import AttemptSpanProcessor, SpanTranslator
 from reinforge.types import new_span_id
 
 
@@ -53,6 +53,12 @@ def get_tracer_provider() -> TracerProvider:
 
 def get_tracer() -> trace.Tracer:
     return _tracer
+
+
+def add_span_translator(translator: SpanTranslator) -> None:
+    """Rewrite the spans of framework-instrumented attempts before they are stored (idempotent);
+    applies to spans of the global provider too, whichever provider that is."""
+    _processor.add_translator(translator)
 
 
 def install_global_tracer_provider() -> None:

@@ -37,9 +37,12 @@ class MetricsLog:
         self.path = run_dir / "metrics.jsonl"
         self._writer: Any = None
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
+            # tensorboardX, not torch.utils.tensorboard: the latter needs the tensorboard package,
+            # whose protobuf floor (>=6.31 since 2.21) can't co-install with frameworks that pin
+            # protobuf 5 (autogen-core). tensorboardX writes the same event files on either.
+            from tensorboardX import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self._writer = SummaryWriter(logdir=str(run_dir / "tensorboard"))
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after `step` (they belong to work a resume redoes)."""
@@ -60,7 +63,7 @@ class MetricsLog:
         thread's small bounded queue: a step's few dozen scalars made the trainer wait on that queue,
         on its critical path (docs/training.md). TensorBoard reads a multi-value summary the same way.
         """
-        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboardX.proto.summary_pb2 import Summary
 
         scalars = [
             Summary.Value(tag=key, simple_value=float(value))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from reinforge.inference.contract import GenerationRequest, GenerationResult
@@ -32,6 +32,9 @@ class FormatContext:
     model: str
     """The served model's name, as the answers report it."""
     texts: TokenTexts
+    attempt_memory: dict[str, object] = field(default_factory=dict)
+    """The calling attempt's memory between its calls (`AttemptState.extra`), for a format that keeps
+    state on the server (Anthropic's threads); it goes when the gateway forgets the attempt."""
 
 
 Event = dict[str, Any]
@@ -57,6 +60,8 @@ class ApiFormat(ABC):
 
     request: GenerationRequest
     stream: bool
+    n: int = 1
+    """Samples asked for; formats with `choices` accept n>1 (served without streaming)."""
 
     @classmethod
     @abstractmethod
@@ -83,6 +88,20 @@ class ApiFormat(ABC):
     def stream_done(self, response: dict[str, Any]) -> list[Event]:
         """Events after the call is recorded."""
         return []
+
+
+def merge_choices(bodies: list[dict[str, Any]]) -> dict[str, Any]:
+    """One answer with n choices from n single-choice answers (each was recorded as its own call)."""
+    merged = dict(bodies[0])
+    merged["choices"] = [{**body["choices"][0], "index": i} for i, body in enumerate(bodies)]
+    completion = sum(body["usage"]["completion_tokens"] for body in bodies)
+    prompt = bodies[0]["usage"]["prompt_tokens"]
+    merged["usage"] = {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
+    return merged
 
 
 def usage(result: GenerationResult) -> dict[str, int]:

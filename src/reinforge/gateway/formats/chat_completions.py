@@ -9,7 +9,7 @@ import time
 from typing import Any, Self
 
 from reinforge.gateway.formats.base import ApiFormat, Event, FormatContext, chat_logprobs, usage
-from reinforge.gateway.openai_bodies import ChatCompletionBody, chat_request, parse_body
+from reinforge.gateway.openai_bodies import ChatCompletionBody, chat_request, choice_count, parse_body
 from reinforge.gateway.service import new_id
 from reinforge.inference.contract import GenerationResult, ToolCall
 
@@ -35,6 +35,7 @@ class ChatCompletions(ApiFormat):
     def __init__(self, body: ChatCompletionBody, context: FormatContext) -> None:
         self.request = chat_request(body)
         self.stream = body.stream
+        self.n = choice_count(body.n, body.stream)
         self.with_logprobs = bool(body.logprobs)
         self.with_token_ids = body.return_token_ids
         self.include_usage = bool((body.stream_options or {}).get("include_usage"))

@@ -6,7 +6,7 @@ import time
 from typing import Any, Self
 
 from reinforge.gateway.formats.base import ApiFormat, Event, FormatContext, TokenTexts, usage
-from reinforge.gateway.openai_bodies import CompletionBody, completion_request, parse_body
+from reinforge.gateway.openai_bodies import CompletionBody, choice_count, completion_request, parse_body
 from reinforge.gateway.service import new_id
 from reinforge.inference.contract import GenerationResult
 
@@ -28,6 +28,7 @@ class Completions(ApiFormat):
     def __init__(self, body: CompletionBody, context: FormatContext) -> None:
         self.request = completion_request(body)
         self.stream = body.stream
+        self.n = choice_count(body.n, body.stream)
         self.with_logprobs = body.logprobs is not None
         self.with_token_ids = body.return_token_ids
         self.include_usage = bool((body.stream_options or {}).get("include_usage"))

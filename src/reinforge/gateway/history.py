@@ -1,0 +1,139 @@
+"""Token-faithful history: an assistant turn the gateway produced is rendered as it was generated.
+
+Why: agent frameworks send the conversation back in their own serialisation. LangChain re-dumps a
+tool call's arguments (`{"expression":"1*3"}` returns as `{"expression": "1*3"}`), others turn an
+empty content into `null` or reorder keys. Rendered as sent, the next prompt holds text the model
+never wrote: credit/ can no longer merge the conversation along its tokens, and the model learns from
+prompts off its own distribution. So the gateway remembers, per attempt, every assistant turn it
+answered (its text and tool calls exactly as generated), finds them again in later requests (by
+tool-call id, else by text), and puts the generated spelling back before the prompt is rendered.
+
+A turn is restored only when what came back means the same (the same tool names and JSON-equal
+arguments, or the same text up to surrounding whitespace); anything else renders as sent and is
+counted, so an agent that edits its history is never overruled silently.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from reinforge.inference.contract import GenerationResult, ToolCall
+
+MAX_TURNS_PER_ATTEMPT = 512
+"""Turns remembered per attempt; an agent loop longer than this renders its oldest turns as sent."""
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One assistant turn as the backend produced it."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+
+    def message(self, sent: dict[str, Any]) -> dict[str, Any]:
+        """The turn as a chat message in its generated spelling (other keys of `sent` kept)."""
+        restored = {k: v for k, v in sent.items() if k not in ("content", "tool_calls")}
+        restored["content"] = self.text
+        if self.tool_calls:
+            restored["tool_calls"] = [
+                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in self.tool_calls
+            ]
+        return restored
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """What `TurnMemory.restore` did to one request's history."""
+
+    messages: list[dict[str, Any]]
+    matched: int = 0
+    """Assistant turns found among the attempt's own answers."""
+    respelled: int = 0
+    """Of those, turns whose spelling differed from what was generated (and were put back)."""
+    unmatched: int = 0
+    """Assistant turns the gateway did not produce (or that were changed): rendered as sent."""
+
+
+def _json_equal(a: str, b: Any) -> bool:
+    try:
+        return bool(json.loads(a) == (json.loads(b) if isinstance(b, str) else b))
+    except (TypeError, ValueError):
+        return False
+
+
+def _text(content: Any) -> str | None:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(
+        isinstance(p, dict) and isinstance(p.get("text"), str) for p in content
+    ):
+        return "".join(p["text"] for p in content)
+    return None
+
+
+@dataclass
+class TurnMemory:
+    """The assistant turns one attempt was answered with."""
+
+    by_call_id: dict[str, Turn] = field(default_factory=dict)
+    by_text: dict[str, Turn] = field(default_factory=dict)
+    turns: int = 0
+
+    def remember(self, result: GenerationResult) -> None:
+        if self.turns >= MAX_TURNS_PER_ATTEMPT:
+            return
+        turn = Turn(result.text, tuple(result.tool_calls))
+        self.turns += 1
+        if turn.tool_calls:
+            for call in turn.tool_calls:
+                self.by_call_id[call.id] = turn
+        else:
+            self.by_text.setdefault(turn.text.strip(), turn)
+
+    def _find(self, message: dict[str, Any]) -> Turn | None:
+        calls = message.get("tool_calls") or []
+        text = _text(message.get("content"))
+        if text is None:
+            return None
+        if not calls:
+            turn = self.by_text.get(text.strip())
+            return turn if turn is not None and turn.text.strip() == text.strip() else None
+        ids = [c.get("id") for c in calls if isinstance(c, dict)]
+        turn = self.by_call_id.get(ids[0]) if ids and isinstance(ids[0], str) else None
+        if turn is None or len(calls) != len(turn.tool_calls) or text.strip() != turn.text.strip():
+            return None
+        for sent, made in zip(calls, turn.tool_calls, strict=True):
+            fn = sent.get("function") or {}
+            if sent.get("id") != made.id or fn.get("name") != made.name:
+                return None
+            if fn.get("arguments") != made.arguments and not _json_equal(made.arguments, fn.get("arguments")):
+                return None
+        return turn
+
+    def restore(self, messages: list[dict[str, Any]]) -> Restored:
+        """`messages` with each assistant turn of this attempt's own in its generated spelling."""
+        if not self.turns:
+            assistant = sum(1 for m in messages if m.get("role") == "assistant")
+            return Restored(messages, unmatched=assistant)
+        out: list[dict[str, Any]] = []
+        matched = respelled = unmatched = 0
+        for message in messages:
+            if message.get("role") != "assistant":
+                out.append(message)
+                continue
+            turn = self._find(message)
+            if turn is None:
+                unmatched += 1
+                out.append(message)
+                continue
+            matched += 1
+            restored = turn.message(message)
+            if restored != message:
+                respelled += 1
+            out.append(restored)
+        return Restored(out, matched, respelled, unmatched)
