@@ -161,7 +161,7 @@ def test_memory_restores_only_what_means_the_same() -> None:
         {"role": "assistant", "content": "ANSWER: 4"},  # edited by the agent: not ours
     ]
     restored = memory.restore(sent)
-    assert (restored.matched, restored.respelled, restored.unmatched) == (2, 2, 1)
+    assert (restored.matched, restored.respelled, restored.unmatched) == (2, 1, 1)  # text parts render alike
     assert restored.messages[1]["content"] == "Let me compute."
     assert restored.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"expression":"1*3"}'
     assert restored.messages[3]["content"] == "ANSWER: 3"

@@ -80,6 +80,10 @@ def test_a_short_fit_of_each_framework_agent(
         assert record["credit/calls"] >= 16  # every rollout made at least one recorded call
         assert record["credit/calls_skipped"] == 0  # each with token ids and logprobs
         assert record["credit/transitions"] > 0
+    respelled = sum(r["credit/history_respelled"] for r in steps)
+    assert sum(r["credit/history_unmatched"] for r in steps) == 0  # every turn sent back was found
+    if module.startswith("langgraph"):  # LangChain re-dumps arguments with spaces; put back as written
+        assert respelled > 0
     merged = sum(r["credit/merged_calls"] for r in steps)
     mismatched = sum(r["credit/merge_mismatches"] for r in steps)
     assert merged > 0 and mismatched == 0, (merged, mismatched)

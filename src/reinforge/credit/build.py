@@ -63,6 +63,8 @@ def build_transitions(
     for call in calls:
         for signal, count in call.air.items():
             metrics.air_signals[signal] = metrics.air_signals.get(signal, 0) + count
+        metrics.history_respelled += _count(call, semconv.ATTR_HISTORY_RESPELLED)
+        metrics.history_unmatched += _count(call, semconv.ATTR_HISTORY_UNMATCHED)
     trained = [c for c in calls if config.agents is None or c.agent_name in config.agents]
     metrics.calls_trained = len(trained)
     metrics.calls_filtered = len(calls) - len(trained)
@@ -104,6 +106,11 @@ def _credit(
     if "air" in config.assignment:
         sources["air"] = 0.0 - sum(_penalty(call, config) for call in sample.calls)  # never -0.0
     return sources
+
+
+def _count(call: LLMCall, key: str) -> int:
+    value = call.span.attributes.get(key, 0)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
 def _penalty(call: LLMCall, config: CreditConfig) -> float:

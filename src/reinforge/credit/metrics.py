@@ -33,6 +33,12 @@ class CreditMetrics(BaseModel):
     transitions: int = 0
     merged_calls: int = Field(default=0, description="Calls joined onto the previous call's sample.")
     merge_mismatches: int = Field(default=0, description="Calls whose prompt did not extend the last one.")
+    history_respelled: int = Field(
+        default=0, description="History turns the agent sent back respelled, rendered as generated."
+    )
+    history_unmatched: int = Field(
+        default=0, description="History turns the gateway did not produce (or that changed): as sent."
+    )
     trained_tokens: int = 0
     masked_tokens: int = Field(default=0, description="Tool results/observations inside merged samples.")
     prompt_tokens: int = 0

@@ -76,6 +76,13 @@ def _text(content: Any) -> str | None:
     return None
 
 
+def _spelling(message: dict[str, Any]) -> tuple[str | None, list[tuple[Any, Any]]]:
+    """What of an assistant message a chat template renders: its text and its calls' names and
+    argument strings (not the keys around them, nor `null` against an empty string)."""
+    calls = [c.get("function") or {} for c in message.get("tool_calls") or [] if isinstance(c, dict)]
+    return _text(message.get("content")), [(fn.get("name"), fn.get("arguments")) for fn in calls]
+
+
 @dataclass
 class TurnMemory:
     """The assistant turns one attempt was answered with."""
@@ -132,8 +139,7 @@ class TurnMemory:
                 out.append(message)
                 continue
             matched += 1
-            restored = turn.message(message)
-            if restored != message:
+            if _spelling(message) != _spelling(turn.message(message)):
                 respelled += 1
-            out.append(restored)
+            out.append(turn.message(message))
         return Restored(out, matched, respelled, unmatched)

@@ -37,7 +37,7 @@ from reinforge.inference.contract import (
     ToolCall,
 )
 from reinforge.inference.tool_calls import TOOL_CALL_START, parse_tool_calls
-from reinforge.net.keepalive_transport import KeepAliveTransport
+from reinforge.net.keepalive_transport import DirectSender, KeepAliveTransport
 
 Flavor = Literal["vllm", "sglang"]
 _ROUTES = ("/v1/chat/completions", "/v1/completions", "/generate")
@@ -121,16 +121,20 @@ class UpstreamBackend:
         self._max_connections = max_connections
         # Absolute URLs built once: httpx then skips joining each call's path to the base URL.
         self._urls = {path: httpx.URL(self.base_url + path) for path in _ROUTES}
+        # The transport keeps connections per event loop: the gateway may be served from any thread.
+        # Plain calls go straight to it; streams through the client over the same transport.
+        self._direct = DirectSender(
+            KeepAliveTransport(max_connections=max_connections), self._headers, self._timeout
+        )
         self._http = self._new_http()
         self._http_lock = threading.Lock()
 
     def _new_http(self) -> httpx.AsyncClient:
-        # The transport keeps connections per event loop: the gateway may be served from any thread.
         return httpx.AsyncClient(
             base_url=self.base_url,
             headers=self._headers,
             timeout=self._timeout,
-            transport=KeepAliveTransport(max_connections=self._max_connections),
+            transport=self._direct.transport,
         )
 
     def _client(self) -> httpx.AsyncClient:
@@ -143,7 +147,7 @@ class UpstreamBackend:
         return http
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._http.aclose()  # closes the transport's connections too (it stays usable)
 
     def token_texts(self, ids: list[int]) -> list[str]:
         if self.tokenizer is not None:
@@ -154,7 +158,7 @@ class UpstreamBackend:
 
     async def _post(self, path: str, payload: dict[str, Any]) -> Any:
         try:
-            response = await self._client().post(self._urls[path], content=json_codec.dumps(payload))
+            response = await self._direct.send("POST", self._urls[path], json_codec.dumps(payload))
         except httpx.HTTPError as exc:
             raise UpstreamError(_failure(self.base_url + path, exc)) from None
         if response.status_code >= 400:

@@ -187,13 +187,20 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
                 limits = mod.Limits(max_connections=self._max_connections)
                 pool.fallback = mod.AsyncHTTPTransport(limits=limits)
             return await pool.fallback.handle_async_request(request)
-        host, port = url.host, url.port or 80
+        wire = _wire(request, await _body(request, mod))
+        return await self.send_wire(mod, pool, url.host, url.port or 80, wire, request)
+
+    async def send_wire(
+        self, mod: ModuleType, pool: _LoopPool, host: str, port: int, wire: bytes, request: Any
+    ) -> Any:
+        """Send a request already on the wire's bytes to `host:port` over the pool and return the
+        response (`handle_async_request`'s exchange; `DirectSender` calls it with bytes it built)."""
         origin = pool.origins.get((host, port))
         if origin is None:
             origin = pool.origins[host, port] = _Origin(host, port, self._max_idle, self._max_connections)
-        wire = _wire(request, await _body(request, mod))
         timeouts = request.extensions.get("timeout") or {}
         read_timeout = timeouts.get("read")
+        loop = pool.loop
         try:
             while True:
                 conn = origin.take_idle()
@@ -357,3 +364,65 @@ def _stream_class(mod: ModuleType) -> type:
                 self._conn.close()  # the rest of the reply would keep the connection busy
 
     return _Stream
+
+
+class _WireRequest:
+    """What the exchange needs of a request it did not build: its timeouts (and a name in errors)."""
+
+    __slots__ = ("extensions", "method", "url")
+
+    def __init__(self, method: str, url: httpx.URL, extensions: dict[str, Any]) -> None:
+        self.method, self.url, self.extensions = method, url, extensions
+
+
+class DirectSender:
+    """Requests on a transport itself, for a client's fixed JSON routes (the hot ones).
+
+    Why: `httpx.AsyncClient.send` spends more per call on its own machinery (cookie jar, auth flow,
+    event hooks, redirect handling, URL merging, header models) than the exchange costs on a
+    keep-alive connection (docs/gateway.md has the figures), and reinforge's clients need none of it
+    on their own routes. On a `KeepAliveTransport` and plain HTTP the request goes out as bytes built
+    here; on any other transport (HTTPS, `httpx.MockTransport` in tests) as an `httpx.Request`. Either
+    way the answer is an `httpx.Response` read to its end and failures are httpx's exceptions.
+    """
+
+    def __init__(
+        self, transport: httpx.AsyncBaseTransport, headers: dict[str, str], timeout: httpx.Timeout
+    ) -> None:
+        self.transport = transport
+        self._headers = dict(headers)
+        self._extensions = {"timeout": timeout.as_dict()}
+
+    async def send(
+        self,
+        method: str,
+        url: httpx.URL,
+        body: bytes | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> httpx.Response:
+        merged = self._headers if headers is None else {**self._headers, **headers}
+        extensions = self._extensions if timeout is None else {"timeout": timeout.as_dict()}
+        transport = self.transport
+        if isinstance(transport, KeepAliveTransport) and url.scheme == "http":
+            content = body or b""
+            port = url.port or 80
+            lines = [
+                b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n"
+                % (method.encode(), url.raw_path, url.host.encode(), port)
+            ]
+            lines.extend(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in merged.items())
+            lines.append(b"content-length: %d\r\n\r\n" % len(content))
+            lines.append(content)
+            pool = transport._pool(asyncio.get_running_loop())
+            stand_in = _WireRequest(method, url, extensions)
+            response = await transport.send_wire(httpx, pool, url.host, port, b"".join(lines), stand_in)
+        else:
+            request = httpx.Request(method, url, headers=merged, content=body, extensions=extensions)
+            response = await transport.handle_async_request(request)
+        try:
+            await response.aread()
+        finally:
+            await response.aclose()
+        return response

@@ -25,7 +25,7 @@ from reinforge.errors import (
     StoreUnavailableError,
 )
 from reinforge.finish_wire import MAX_FINISH_BATCH
-from reinforge.net.keepalive_transport import KeepAliveTransport
+from reinforge.net.keepalive_transport import DirectSender, KeepAliveTransport
 from reinforge.types import AttemptOutcome, Span
 
 
@@ -45,11 +45,11 @@ class GatewayClient:
         self.gateway_url = gateway_url.rstrip("/")
         self._secret = secret
         self.timeout_s = timeout_s
-        self._http = httpx.AsyncClient(
-            base_url=self.gateway_url,
-            headers={"Content-Type": "application/json"},
-            timeout=httpx.Timeout(timeout_s, connect=10.0),
-            transport=transport or KeepAliveTransport(),
+        # Straight to the transport: these are fixed JSON routes, called once or twice per attempt.
+        self._direct = DirectSender(
+            transport or KeepAliveTransport(),
+            {"Content-Type": "application/json"},
+            httpx.Timeout(timeout_s, connect=10.0),
         )
         self._batch_url = httpx.URL(self.gateway_url + "/finish")  # built once: the hot route
         self._finishing: list[tuple[str, bytes, asyncio.Future[None]]] = []
@@ -162,14 +162,15 @@ class GatewayClient:
         self, path: str | httpx.URL, body: bytes, token: str | None, what: str
     ) -> tuple[int, bytes]:
         headers = {"Authorization": f"Bearer {token}"} if token is not None else None
+        url = path if isinstance(path, httpx.URL) else httpx.URL(self.gateway_url + path)
         try:
-            response = await self._http.post(path, content=body, headers=headers)
+            response = await self._direct.send("POST", url, body, headers=headers)
         except httpx.HTTPError as e:
             raise StoreUnavailableError(f"{what} failed: {e!r}") from e
         return response.status_code, response.content
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        await self._direct.transport.aclose()
 
 
 def _settle(done: asyncio.Future[None], error: ReinforgeError | None) -> None:

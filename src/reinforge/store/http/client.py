@@ -22,7 +22,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from reinforge import errors
-from reinforge.net.keepalive_transport import KeepAliveTransport
+from reinforge.net.keepalive_transport import DirectSender, KeepAliveTransport
 from reinforge.store.http.adapters import (
     ADDED,
     ATTEMPT,
@@ -156,17 +156,24 @@ class HttpStoreClient:
         # Absolute URLs built once for the routes without ids in them: httpx then skips joining
         # each call's path to the base URL.
         self._fixed_urls = {path: httpx.URL(self.base_url + path) for path in _FIXED_ROUTES}
+        # The transport keeps connections per event loop: one client serves the trainer's loop and
+        # the gateway's thread alike. `max_connections` bounds each loop's connections. The store's
+        # routes go straight to it (`DirectSender`); the client over it serves the rest.
+        self._headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
+        self._direct = DirectSender(
+            self._transport or KeepAliveTransport(max_connections=self._max_connections),
+            self._headers,
+            httpx.Timeout(self._timeout, connect=10.0),
+        )
         self._http = self._new_http()
         self._http_lock = threading.Lock()
 
     def _new_http(self) -> httpx.AsyncClient:
-        # The transport keeps connections per event loop: one client serves the trainer's loop and
-        # the gateway's thread alike. `max_connections` bounds each loop's connections.
         return httpx.AsyncClient(
             base_url=self.base_url,
-            headers={"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
+            headers=self._headers,
             timeout=httpx.Timeout(self._timeout, connect=10.0),
-            transport=self._transport or KeepAliveTransport(max_connections=self._max_connections),
+            transport=self._direct.transport,
         )
 
     def _client(self) -> httpx.AsyncClient:
@@ -202,18 +209,12 @@ class HttpStoreClient:
             what = type(body).__name__
             raise errors.InvalidRequestError(f"{what} holds a value that is not JSON: {exc}") from exc
         # A long-poll may legitimately take `wait_seconds`; the read timeout must outlast it.
-        timeout = (
-            httpx.Timeout(self._timeout + wait_seconds, connect=10.0)
-            if wait_seconds
-            else httpx.USE_CLIENT_DEFAULT
-        )
-        http = self._client()
+        timeout = httpx.Timeout(self._timeout + wait_seconds, connect=10.0) if wait_seconds else None
+        url = self._fixed_urls.get(path) or httpx.URL(self.base_url + path)
         attempt = 0
         while True:
             try:
-                response = await http.request(
-                    method, self._fixed_urls.get(path, path), content=content, timeout=timeout
-                )
+                response = await self._direct.send(method, url, content, timeout=timeout)
                 break
             except httpx.TransportError as exc:
                 # A refused connection never reached the server, so any call may be re-sent; a call
