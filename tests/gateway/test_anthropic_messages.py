@@ -644,3 +644,24 @@ async def test_a_backend_refusal_is_an_error_event_mid_stream(tokenizer: Any, co
                 await events.get_final_message()
         assert broken.value.body["error"]["type"] == "invalid_request_error"  # an `error` event
         assert served.gateway.in_flight == 0
+
+
+def test_a_reply_sent_back_as_the_sdk_dumps_it_is_accepted() -> None:
+    """`ToolUseBlock.model_dump()` adds `caller` and `toolset_name` (None): accepted; a set one is not."""
+    dumped = anthropic.types.ToolUseBlock(
+        id="toolu_1", input={"x": 1}, name="calc", type="tool_use"
+    ).model_dump()
+    body = {
+        "model": "m",
+        "max_tokens": 8,
+        "messages": [
+            {"role": "user", "content": "go"},
+            {"role": "assistant", "content": [dumped]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "1"}]},
+        ],
+    }
+    parsed = parse_messages_body(body)
+    assert parsed.messages[1].content[0].id == "toolu_1"  # type: ignore[union-attr]
+    body["messages"][1]["content"][0]["caller"] = {"type": "code_execution"}  # type: ignore[index]
+    with pytest.raises(GatewayHTTPError, match="caller"):
+        parse_messages_body(body)

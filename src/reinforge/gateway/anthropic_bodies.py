@@ -51,6 +51,10 @@ class ToolUseBlock(_Strict):
     name: str
     input: dict[str, Any]
     cache_control: dict[str, Any] | None = None
+    # What the SDK's own `ToolUseBlock.model_dump()` adds when an agent sends a reply back: only
+    # their empty values are accepted (a programmatic caller or a toolset is not served here).
+    caller: None = None
+    toolset_name: None = None
 
 
 class ToolResultBlock(_Strict):
