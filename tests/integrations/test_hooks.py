@@ -43,6 +43,7 @@ def _our_hooks() -> list[Any]:
 
 def test_langchain_tool_runs_are_recorded_only_inside_an_attempt_that_asks() -> None:
     pytest.importorskip("langgraph")
+    pytest.importorskip("langchain_core.callbacks")  # the agent's own import: what gets hooked
     instrument_frameworks()
     instrument_frameworks()
     (hook,) = _our_hooks()  # once, however often it is turned on
@@ -61,13 +62,9 @@ def test_langchain_tool_runs_are_recorded_only_inside_an_attempt_that_asks() -> 
     with attempt_scope(attempt(inside)):
         assert hook.get() is not None
         graph.invoke(state)
-    (role,) = [s for s in inside.spans if s.attributes.get(semconv.ATTR_STEP_KIND) == semconv.STEP_AGENT]
+    # A node that calls no model is no role (roles are named from chat model runs).
+    assert [s for s in inside.spans if s.attributes.get(semconv.ATTR_STEP_KIND) == semconv.STEP_AGENT] == []
     (tool,) = [s for s in inside.spans if s.attributes.get(semconv.ATTR_STEP_KIND) == semconv.STEP_TOOL]
-    assert (role.name, role.attributes[semconv.ATTR_AGENT_NAME], tool.parent_id) == (
-        "tools",
-        "tools",
-        role.span_id,
-    )
     assert (tool.name, tool.attributes[semconv.ATTR_AIR_SIGNAL]) == ("calculator", semconv.AIR_TOOL_ERROR)
     assert tool.status.code == SpanStatusCode.error
     assert (tool.rollout_id, tool.attempt_id) == ("r-hooks", "a-hooks")

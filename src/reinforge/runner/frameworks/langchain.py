@@ -1,4 +1,10 @@
-"""LangChain and LangGraph: tool runs become tool steps and LangGraph node runs agent steps.
+"""LangChain and LangGraph: tool runs become tool steps, and each chat model run inside a LangGraph
+node an agent step named after the node.
+
+Why the chat model runs and not the node runs: LangChain reports a chain event for every runnable of
+a graph (dozens per turn), and handling them made a LangGraph agent's rollouts 10-14% slower
+(benchmarks/frameworks_bench.py); a node's name also comes with the metadata of the chat model runs
+it makes, which are what credit names. So the handler asks for no chain events at all.
 
 LangChain has no OpenTelemetry of its own, but every run asks the configure hooks for extra callback
 handlers. The hook registered here answers with reinforge's handler only inside an attempt that
@@ -41,6 +47,8 @@ class _Callbacks:
     run_inline = True
     """Called where the run happens, in the attempt's context and in order (not in an executor)."""
     raise_error = False
+    ignore_chain = True
+    """No chain events (see the module docstring): nodes are named from their chat model runs."""
 
     def __init__(self) -> None:
         self._steps: dict[UUID, Step] = {}
@@ -63,10 +71,10 @@ class _Callbacks:
         self._nearest.pop(run_id, None)
         return self._steps.pop(run_id, None)
 
-    def on_chain_start(
+    def on_chat_model_start(
         self,
         serialized: dict[str, Any] | None,
-        inputs: Any,
+        messages: Any,
         *,
         run_id: UUID,
         parent_run_id: UUID | None = None,
@@ -74,21 +82,24 @@ class _Callbacks:
         metadata: dict[str, Any] | None = None,
         **kwargs: Any,
     ) -> None:
-        parent = self._parent(parent_run_id)
-        # A node's own run is named after the node; runs inside it inherit the metadata only.
         node = (metadata or {}).get(_NODE_KEY)
-        is_node = isinstance(node, str) and node == kwargs.get("name") and not node.startswith("__")
+        parent = self._parent(parent_run_id)
         step = None
-        if is_node and not (tags and _HIDDEN_TAG in tags):
-            step = start_agent(str(node), FRAMEWORK, parent)
+        if (
+            isinstance(node, str)
+            and node
+            and not node.startswith("__")
+            and not (tags and _HIDDEN_TAG in tags)
+        ):
+            step = start_agent(node, FRAMEWORK, parent)
         self._open(run_id, step, parent)
 
-    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
         step = self._close(run_id)
         if step is not None:
             step.end()
 
-    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         step = self._close(run_id)
         if step is not None:
             step.end(_failure(error))
