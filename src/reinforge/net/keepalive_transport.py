@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import sys
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from functools import cache
 from types import ModuleType
 from typing import Any
@@ -320,8 +320,12 @@ async def _body(request: Any, mod: ModuleType) -> bytes:
 
 def _wire(request: Any, body: bytes) -> bytes:
     """The request's bytes on the wire: httpx's request line and headers as they are, then the body."""
-    lines = [b"%s %s HTTP/1.1\r\n" % (request.method.encode("ascii"), request.url.raw_path)]
-    lines.extend(b"%s: %s\r\n" % pair for pair in request.headers.raw)
+    return _wire_bytes(request.method.encode("ascii"), request.url.raw_path, request.headers.raw, body)
+
+
+def _wire_bytes(method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bytes:
+    lines = [b"%s %s HTTP/1.1\r\n" % (method, target)]
+    lines.extend(b"%s: %s\r\n" % pair for pair in headers)
     lines.append(b"\r\n")
     lines.append(body)
     return b"".join(lines)
@@ -408,16 +412,15 @@ class DirectSender:
         if isinstance(transport, KeepAliveTransport) and url.scheme == "http":
             content = body or b""
             port = url.port or 80
-            lines = [
-                b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n"
-                % (method.encode(), url.raw_path, url.host.encode(), port)
+            headers_out = [
+                (b"host", b"%s:%d" % (url.host.encode(), port)),
+                *((k.encode(), v.encode()) for k, v in merged.items()),
+                (b"content-length", b"%d" % len(content)),
             ]
-            lines.extend(b"%s: %s\r\n" % (k.encode(), v.encode()) for k, v in merged.items())
-            lines.append(b"content-length: %d\r\n\r\n" % len(content))
-            lines.append(content)
+            wire = _wire_bytes(method.encode(), url.raw_path, headers_out, content)
             pool = transport._pool(asyncio.get_running_loop())
             stand_in = _WireRequest(method, url, extensions)
-            response = await transport.send_wire(httpx, pool, url.host, port, b"".join(lines), stand_in)
+            response = await transport.send_wire(httpx, pool, url.host, port, wire, stand_in)
         else:
             request = httpx.Request(method, url, headers=merged, content=body, extensions=extensions)
             response = await transport.handle_async_request(request)
