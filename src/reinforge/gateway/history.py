@@ -108,8 +108,7 @@ class TurnMemory:
         if text is None:
             return None
         if not calls:
-            turn = self.by_text.get(text.strip())
-            return turn if turn is not None and turn.text.strip() == text.strip() else None
+            return self.by_text.get(text.strip())  # keyed by the stripped text: same up to whitespace
         ids = [c.get("id") for c in calls if isinstance(c, dict)]
         turn = self.by_call_id.get(ids[0]) if ids and isinstance(ids[0], str) else None
         if turn is None or len(calls) != len(turn.tool_calls) or text.strip() != turn.text.strip():
@@ -139,7 +138,8 @@ class TurnMemory:
                 out.append(message)
                 continue
             matched += 1
-            if _spelling(message) != _spelling(turn.message(message)):
+            restored = turn.message(message)
+            if _spelling(message) != _spelling(restored):
                 respelled += 1
-            out.append(turn.message(message))
+            out.append(restored)
         return Restored(out, matched, respelled, unmatched)
