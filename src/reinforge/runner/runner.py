@@ -156,9 +156,7 @@ class Runner:
         """Lease and run rollouts until `max_rollouts` have been run or `stop` is set, then wait for the
         attempts in flight (up to `drain_timeout_s`) and return."""
         instrument_threads()
-        install_global_tracer_provider()
-        if self.instrument_frameworks:
-            hook_frameworks()
+        install_global_tracer_provider()  # frameworks are hooked as each attempt starts (`_run_attempt`)
         stop = stop or asyncio.Event()
         self._writer = await SpanWriter(self.store).start()
         self._gateway = GatewayClient(self.gateway_url, self._secret)
@@ -274,7 +272,7 @@ class Runner:
             llm = llm.for_agent(self.agent.name)
         assert self._writer is not None
         if self.instrument_frameworks:
-            hook_frameworks()  # a framework the agent imported since the last attempt is hooked now
+            hook_frameworks()  # the frameworks the agent has imported by now (cheap once all are hooked)
         spans = AttemptSpanBuffer(self._writer)
         ctx = AttemptContext(
             rollout_id=rollout.rollout_id,
