@@ -8,12 +8,13 @@ import typer
 from reinforge.demo.cli import demo_command
 from reinforge.runner.cli import runner_command
 from reinforge.store.cli import store_app
-from reinforge.training.cli import train_command
+from reinforge.training.cli import sft_command, train_command
 
 app = typer.Typer(no_args_is_help=True, help="Train any AI agent with reinforcement learning.")
 app.add_typer(store_app, name="store")
 app.command("runner")(runner_command)
 app.command("train")(train_command)
+app.command("sft")(sft_command)
 app.command("demo")(demo_command)
 
 if __name__ == "__main__":

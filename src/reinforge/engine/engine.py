@@ -12,6 +12,9 @@ and reads results. Each loop iteration:
    and computes only its new tokens;
 4. runs ONE decode forward for every running sequence and samples the next token of each;
 5. hands each request its new tokens (one callback per event loop per iteration).
+
+Besides the base weights the engine may hold named LoRA adapters (`reinforge.engine.adapters`); a
+request names its adapter, and rows of different adapters decode in the same batch.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from typing import Any, Literal
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from reinforge.engine.adapters import Adapter, LoraDelta, parse_adapters, split_state
 from reinforge.engine.detokenizer import IncrementalDetokenizer, find_stop
 from reinforge.engine.errors import EngineError, EngineStoppedError
 from reinforge.engine.logit_shaping import GrammarCompiler, LogitShaper
@@ -77,6 +81,8 @@ class _Sequence:
     stops: list[str]
     loop: asyncio.AbstractEventLoop
     queue: asyncio.Queue[tuple[str, Any]]
+    adapter: str | None = None
+    """The adapter asked for; at admission, None unless the engine holds one of that name."""
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     unsent: int = 0
@@ -108,6 +114,7 @@ more forwards than the shared prefixes save."""
 @dataclass
 class _Update:
     state: Mapping[str, torch.Tensor]
+    adapters: dict[str, Adapter]
     version: int
     loop: asyncio.AbstractEventLoop
     future: asyncio.Future[None]
@@ -173,6 +180,8 @@ class Engine:
         self._steps = 0
         self._peak_running = 0
         self._prefix_hits = 0
+        self._adapters: dict[str, Adapter] = {}
+        self._adapter_served: collections.Counter[str] = collections.Counter()
 
     # ---- lifecycle -------------------------------------------------------------------------------
 
@@ -186,8 +195,14 @@ class Engine:
         """True when the model runs on the slot-cache fast path (Llama-family architectures)."""
         return isinstance(self._runner, SlotCacheRunner)
 
+    @property
+    def adapter_names(self) -> list[str]:
+        """The LoRA adapters requests can name (others are served by the base model)."""
+        return sorted(self._adapters)
+
     def stats(self) -> dict[str, int]:
-        """Counts for monitoring and tests: running sequences, waiting requests, decode steps."""
+        """Counts for monitoring and tests: running sequences, waiting requests, decode steps, and
+        `adapter_sequences/<name>`: sequences admitted with each adapter ("" for the base)."""
         with self._cond:
             return {
                 "running": len(self._running),
@@ -196,6 +211,7 @@ class Engine:
                 "peak_running": self._peak_running,
                 "prefix_cached_tokens": self._prefix_hits,
                 "pending_updates": len(self._updates),
+                **{f"adapter_sequences/{name}": n for name, n in self._adapter_served.items()},
             }
 
     def start(self) -> Engine:
@@ -235,9 +251,12 @@ class Engine:
 
     # ---- asyncio API -----------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None) -> EngineOutput:
-        """Generate one completion; cancelling the awaiting task frees the request's slot."""
-        seq = self._submit(prompt_ids, sampling or SamplingParams(), streaming=False)
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams | None = None, adapter: str | None = None
+    ) -> EngineOutput:
+        """Generate one completion with LoRA `adapter` (None, or a name the engine lacks: the base
+        model); cancelling the awaiting task frees the request's slot."""
+        seq = self._submit(prompt_ids, sampling or SamplingParams(), streaming=False, adapter=adapter)
         try:
             while True:
                 kind, payload = await seq.queue.get()
@@ -251,12 +270,12 @@ class Engine:
                 self._cancel(seq)
 
     async def stream(
-        self, prompt_ids: list[int], sampling: SamplingParams | None = None
+        self, prompt_ids: list[int], sampling: SamplingParams | None = None, adapter: str | None = None
     ) -> AsyncIterator[EngineDelta | EngineOutput]:
         """Yield deltas as tokens are produced, then the EngineOutput. Text that might be the start
         of a stop string is held back, so streamed text always equals the final text."""
         params = sampling or SamplingParams()
-        seq = self._submit(prompt_ids, params, streaming=True)
+        seq = self._submit(prompt_ids, params, streaming=True, adapter=adapter)
         detok = IncrementalDetokenizer(self.tokenizer)
         hold = max((len(s) for s in params.stop), default=1) - 1
         sent = 0
@@ -286,16 +305,26 @@ class Engine:
 
     async def load_weights(self, weights: WeightsSource, version: int) -> None:
         """Swap in new weights between steps: requests already running finish on the old version,
-        new ones wait until the update is applied, then carry `version`."""
+        new ones wait until the update is applied, then carry `version`. Adapter tensors
+        (`lora/<adapter>/<module path>.lora_A|lora_B|scale`, see `reinforge.engine.adapters`) may come
+        with the base weights; an adapter named in the update is replaced whole."""
         if isinstance(weights, (str, Path)):
             state: Mapping[str, torch.Tensor] = await asyncio.to_thread(read_state_dict, weights)
         else:
             state = weights
-        check_state_dict(self.model, state)
+        base, raw_adapters = split_state(state)
+        check_state_dict(self.model, base)
+        servable = self._runner.lora_modules()
+        if raw_adapters and not servable:
+            raise InvalidRequestError(
+                "this model runs on the engine's recompute path, which serves no LoRA adapters "
+                f"(the update names {sorted(raw_adapters)})"
+            )
+        adapters = parse_adapters(self.model, raw_adapters, servable)
         if version < 0:
             raise InvalidRequestError("policy version must be >= 0")
         loop = asyncio.get_running_loop()
-        update = _Update(state, version, loop, loop.create_future())
+        update = _Update(base, adapters, version, loop, loop.create_future())
         with self._cond:
             self._updates.append(update)
             self._cond.notify_all()
@@ -304,7 +333,9 @@ class Engine:
 
     # ---- request intake (caller's thread) ---------------------------------------------------------
 
-    def _submit(self, prompt_ids: list[int], sampling: SamplingParams, *, streaming: bool) -> _Sequence:
+    def _submit(
+        self, prompt_ids: list[int], sampling: SamplingParams, *, streaming: bool, adapter: str | None = None
+    ) -> _Sequence:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
@@ -339,6 +370,7 @@ class Engine:
             queue=asyncio.Queue(),
             detok=IncrementalDetokenizer(self.tokenizer) if stops else None,
             streaming=streaming,
+            adapter=adapter,
         )
         self.start()
         with self._cond:
@@ -402,6 +434,19 @@ class Engine:
             try:
                 apply_state_dict(self.model, u.state)
                 self._runner.refresh_weights()
+                if u.adapters:
+                    # Own copies: the caller's tensors (a trainer's live parameters, a shared buffer
+                    # the next publish overwrites) must not change what is served.
+                    self._adapters.update(
+                        {
+                            name: {
+                                path: LoraDelta(d.a.detach().clone(), d.b.detach().clone(), d.scale)
+                                for path, d in adapter.items()
+                            }
+                            for name, adapter in u.adapters.items()
+                        }
+                    )
+                    self._runner.set_adapters(self._adapters)
                 self._version = u.version
             except Exception as exc:
                 u.loop.call_soon_threadsafe(
@@ -419,6 +464,11 @@ class Engine:
                 break
             chosen.append(self._waiting.popleft())
             budget -= head.reserved
+        with self._cond:  # adapters change only between batches, so this holds for a whole life
+            for seq in chosen:
+                if seq.adapter is not None and seq.adapter not in self._adapters:
+                    seq.adapter = None
+                self._adapter_served[seq.adapter or ""] += 1
         self._admitting = chosen  # if a forward fails, these fail too instead of hanging
         if chosen:
             # One cache allocation for what the batch will need, not a doubling (and a copy of every
@@ -436,7 +486,9 @@ class Engine:
                 self._runner.move_many(
                     [(donor.slot, first + i, shared) for i, (_, donor, shared) in enumerate(group) if donor]
                 )
-                logits = self._runner.prefill(first, [s.prompt for s in seqs], cached)
+                logits = self._runner.prefill(
+                    first, [s.prompt for s in seqs], cached, [s.adapter for s in seqs]
+                )
                 sampled.append((seqs, *sample(logits, [s.row for s in seqs], self._shared_gen)))
                 self._enter(seqs, first)
                 self._prefix_hits += sum(cached)
@@ -451,27 +503,29 @@ class Engine:
         (rollouts of one task, tasks sharing a chat template and tools, a conversation going on),
         and computes only the rest. A wave is prefilled after the ones before it, so a group of
         identical prompts computes one prompt in full and one token for each of the others.
+        Only sequences with the same adapter share: another adapter's KV of the same tokens differs.
         """
         k = self.prefix_min_tokens
         if not k:
             return [[(seq, None, 0) for seq in chosen]]
-        donors: dict[tuple[int, ...], list[tuple[_Sequence, list[int]]]] = {}
+        donors: dict[tuple[str | None, tuple[int, ...]], list[tuple[_Sequence, list[int]]]] = {}
         for seq in self._running:
             cached = (seq.prompt + seq.tokens)[: seq.length]
             if len(cached) >= k:
-                donors.setdefault(tuple(cached[:k]), []).append((seq, cached))
+                donors.setdefault((seq.adapter, tuple(cached[:k])), []).append((seq, cached))
         wave_of: dict[int, int] = {}  # id(newcomer) -> its wave; running donors are wave -1
-        first_of: dict[tuple[int, ...], _Sequence] = {}  # identical prompts copy the first one
+        # Identical prompts (with one adapter) copy the first one.
+        first_of: dict[tuple[str | None, tuple[int, ...]], _Sequence] = {}
         waves: list[list[_Prefill]] = []
         for seq in chosen:
             prompt = seq.prompt
-            twin = first_of.get(tuple(prompt))
+            twin = first_of.get((seq.adapter, tuple(prompt)))
             donor: _Sequence | None = None
             shared = 0
             if twin is not None and len(prompt) > k and wave_of[id(twin)] + 1 < _MAX_PREFILL_WAVES:
                 donor, shared = twin, len(prompt) - 1  # at least the last token is computed
             else:
-                for candidate, tokens in donors.get(tuple(prompt[:k]), []):
+                for candidate, tokens in donors.get((seq.adapter, tuple(prompt[:k])), []):
                     wave = wave_of.get(id(candidate), -1)
                     if wave + 1 >= _MAX_PREFILL_WAVES:
                         continue
@@ -482,9 +536,9 @@ class Engine:
                 if shared < k:
                     donor, shared = None, 0
                 if twin is None:
-                    first_of[tuple(prompt)] = seq
+                    first_of[(seq.adapter, tuple(prompt))] = seq
                     if len(prompt) >= k:
-                        donors.setdefault(tuple(prompt[:k]), []).append((seq, prompt))
+                        donors.setdefault((seq.adapter, tuple(prompt[:k])), []).append((seq, prompt))
             wave = wave_of.get(id(donor), -1) + 1 if donor is not None else 0
             wave_of[id(seq)] = wave
             while len(waves) <= wave:
@@ -513,7 +567,9 @@ class Engine:
     def _decode(self, events: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
         running = self._running
         self._peak_running = max(self._peak_running, len(running))
-        logits = self._runner.decode([s.pending for s in running], [s.length for s in running])
+        logits = self._runner.decode(
+            [s.pending for s in running], [s.length for s in running], [s.adapter for s in running]
+        )
         for seq in running:
             seq.length += 1
         tokens, logprobs = sample(logits, [s.row for s in running], self._shared_gen)

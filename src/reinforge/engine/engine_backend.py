@@ -130,14 +130,14 @@ class EngineBackend:
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         prompt_ids, request, parse_tools = self._prepare(request)
-        out = await self.engine.generate(prompt_ids, request.sampling)
+        out = await self.engine.generate(prompt_ids, request.sampling, adapter=request.adapter)
         return self._result(prompt_ids, out, parse_tools)
 
     async def stream(self, request: GenerationRequest) -> AsyncIterator[TextDelta | GenerationResult]:
         """Text deltas (tool-call markup held back), then the result; the deltas join to its text."""
         prompt_ids, request, parse_tools = self._prepare(request)
         text, sent = "", 0
-        async for item in self.engine.stream(prompt_ids, request.sampling):
+        async for item in self.engine.stream(prompt_ids, request.sampling, adapter=request.adapter):
             if isinstance(item, EngineOutput):
                 result = self._result(prompt_ids, item, parse_tools)
                 if result.text.startswith(text[:sent]) and len(result.text) > sent:

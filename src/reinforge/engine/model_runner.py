@@ -14,19 +14,26 @@ Capacity grows by doubling along both axes, so memory follows the live batch, bo
 Two runners share one interface:
 - `SlotCacheRunner`: the fast path for Llama-family models (llama, qwen2, mistral): it runs the
   model's own weights with fused q/k/v and gate/up projections, one forward per decode step for all
-  active sequences.
+  active sequences. It also serves named LoRA adapters: each row (a decode slot, or a prompt's tokens
+  in a prefill) names its adapter, the rows of one adapter are gathered and get that adapter's
+  low-rank delta added to each projection, and rows with no adapter get none.
 - `RecomputeRunner`: any other causal LM transformers can build: exact but recomputes every sequence
   in full at each step (no cache), so it is only for correctness on architectures the fast path lacks.
+  It serves no adapters.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 from transformers.activations import ACT2FN
+
+from reinforge.engine.adapters import Adapter
 
 FAST_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 # The cost of one more attention call, in cached positions read: splitting a decode batch into
@@ -53,15 +60,23 @@ class ModelRunner(Protocol):
     """Computes next-token logits for sequences living in slots `0..n-1`."""
 
     def prefill(
-        self, first_slot: int, prompts: list[list[int]], cached: list[int] | None = None
+        self,
+        first_slot: int,
+        prompts: list[list[int]],
+        cached: list[int] | None = None,
+        adapters: list[str | None] | None = None,
     ) -> torch.Tensor:
         """Fill slots `first_slot..first_slot+len(prompts)-1`; return float32 logits `[m, vocab]` at each
         prompt's last position. `cached[i]` leading positions of prompt i are already in its slot
-        (copied from a sequence with the same prefix) and are not recomputed."""
+        (copied from a sequence with the same prefix and adapter) and are not recomputed.
+        `adapters[i]` names the adapter prompt i runs with (None or an unknown name: the base)."""
         ...
 
-    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
-        """Feed one token to each of slots `0..n-1` at its position; return float32 logits `[n, vocab]`."""
+    def decode(
+        self, tokens: list[int], positions: list[int], adapters: list[str | None] | None = None
+    ) -> torch.Tensor:
+        """Feed one token to each of slots `0..n-1` at its position (with slot i's adapter
+        `adapters[i]`); return float32 logits `[n, vocab]`."""
         ...
 
     def move(self, src: int, dst: int, length: int) -> None:
@@ -81,6 +96,14 @@ class ModelRunner(Protocol):
     def reserve(self, slots: int, length: int) -> None:
         """Make room for `slots` sequences of up to `length` tokens now, in one allocation, instead of
         growing (and copying the cache) several times while they decode."""
+        ...
+
+    def lora_modules(self) -> frozenset[str]:
+        """The module paths an adapter may adapt (empty: this runner serves no adapters)."""
+        ...
+
+    def set_adapters(self, adapters: Mapping[str, Adapter]) -> None:
+        """Serve exactly these adapters from now on (the runner keeps its own copies)."""
         ...
 
 
@@ -110,6 +133,27 @@ class _Layer:
         self.ln1_eps = float(layer.input_layernorm.variance_epsilon)
         self.ln2_w = layer.post_attention_layernorm.weight.detach()
         self.ln2_eps = float(layer.post_attention_layernorm.variance_epsilon)
+
+
+_FUSED = {"q": ("qkv", 0), "k": ("qkv", 1), "v": ("qkv", 2), "o": ("o", 0)}
+_FUSED |= {"gate": ("gate_up", 0), "up": ("gate_up", 1), "down": ("down", 0)}
+"""Projection -> (the fused matmul it is part of, its place in it)."""
+
+
+@dataclass(frozen=True)
+class _LayerLora:
+    """One adapter's deltas for one layer, per fused matmul: `(A, B)` with A `[R, in]` the
+    projections' A stacked and B `[out, R]` block-diagonal (scale folded in), so a fused matmul's
+    delta is two matmuls whatever subset of its projections the adapter adapts."""
+
+    qkv: tuple[torch.Tensor, torch.Tensor] | None
+    o: tuple[torch.Tensor, torch.Tensor] | None
+    gate_up: tuple[torch.Tensor, torch.Tensor] | None
+    down: tuple[torch.Tensor, torch.Tensor] | None
+
+
+_Groups = list[tuple[list[_LayerLora], torch.Tensor | None]]
+"""Per adapter in a forward: its layers' deltas and the rows it applies to (None: every row)."""
 
 
 class SlotCacheRunner:
@@ -149,6 +193,26 @@ class SlotCacheRunner:
         self._bucket_key: tuple[int, ...] = ()
         self._bucket_overhead = _BUCKET_OVERHEAD.get(self.device.type, _BUCKET_OVERHEAD_ACCELERATOR)
         self._bucket_plan: list[tuple[int, int, int]] = []
+        self._adapters: dict[str, list[_LayerLora]] = {}
+        self._groups: _Groups = []
+        self._group_key: tuple[str | None, ...] = ()
+        self._decode_groups: _Groups = []
+        names = {id(m): name for name, m in model.named_modules()}
+        self._paths: dict[str, tuple[int, str]] = {}  # module path -> (layer, projection)
+        inner: Any = self.model.model
+        decoder_layers: list[Any] = list(inner.layers)
+        for index, layer in enumerate(decoder_layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            for proj, module in (
+                ("q", attn.q_proj),
+                ("k", attn.k_proj),
+                ("v", attn.v_proj),
+                ("o", attn.o_proj),
+                ("gate", mlp.gate_proj),
+                ("up", mlp.up_proj),
+                ("down", mlp.down_proj),
+            ):
+                self._paths[names[id(module)]] = (index, proj)
         self.refresh_weights()
 
     def refresh_weights(self) -> None:
@@ -172,6 +236,86 @@ class SlotCacheRunner:
     def reserve(self, slots: int, length: int) -> None:
         self._ensure_capacity(slots, length, exact=True)
 
+    def lora_modules(self) -> frozenset[str]:
+        return frozenset(self._paths)
+
+    def set_adapters(self, adapters: Mapping[str, Adapter]) -> None:
+        built: dict[str, list[_LayerLora]] = {}
+        for name, adapter in adapters.items():
+            parts: list[dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]]] = [{} for _ in self.layers]
+            for path, delta in adapter.items():
+                index, proj = self._paths[path]
+                fused, place = _FUSED[proj]
+                a = delta.a.to(self.device, self.dtype)
+                b = (delta.b.to(self.device, torch.float32) * delta.scale).to(self.dtype)
+                parts[index].setdefault(fused, {})[place] = (a, b)
+            built[name] = [self._layer_lora(index, found) for index, found in enumerate(parts)]
+        self._adapters = built
+        self._group_key = ()
+
+    def _layer_lora(
+        self, index: int, found: dict[str, dict[int, tuple[torch.Tensor, torch.Tensor]]]
+    ) -> _LayerLora:
+        layer = self.layers[index]
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        inter = layer.gate_up_w.shape[0] // 2
+        outs = {"qkv": [h * d, kv * d, kv * d], "o": [layer.o_w.shape[0]], "gate_up": [inter, inter]}
+        outs["down"] = [layer.down_w.shape[0]]
+        fused: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = {}
+        for kind, sizes in outs.items():
+            pieces = found.get(kind)
+            if not pieces:
+                fused[kind] = None
+                continue
+            a = torch.cat([pieces[p][0] for p in sorted(pieces)])
+            b = torch.zeros(sum(sizes), a.shape[0], device=self.device, dtype=self.dtype)
+            col = 0
+            for place in sorted(pieces):
+                piece = pieces[place][1]
+                row = sum(sizes[:place])
+                b[row : row + piece.shape[0], col : col + piece.shape[1]] = piece
+                col += piece.shape[1]
+            fused[kind] = (a, b)
+        return _LayerLora(fused["qkv"], fused["o"], fused["gate_up"], fused["down"])
+
+    def _row_groups(self, adapters: list[str | None] | None, counts: list[int] | None = None) -> _Groups:
+        """The rows of each adapter in this forward (`counts[i]` rows for entry i, one each by
+        default); rows with no adapter, or one this runner does not hold, are in no group."""
+        if not adapters or not self._adapters:
+            return []
+        rows: dict[str, list[int]] = {}
+        start = 0
+        for i, name in enumerate(adapters):
+            n = counts[i] if counts is not None else 1
+            if name is not None and name in self._adapters:
+                rows.setdefault(name, []).extend(range(start, start + n))
+            start += n
+        return [
+            (self._adapters[name], None if len(r) == start else torch.tensor(r, device=self.device))
+            for name, r in rows.items()
+        ]
+
+    def _linear(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        index: int,
+        kind: str,
+    ) -> torch.Tensor:
+        """`F.linear(x, weight, bias)` plus each adapter's delta on its own rows."""
+        y = F.linear(x, weight, bias)
+        for layers, rows in self._groups:
+            ab: tuple[torch.Tensor, torch.Tensor] | None = getattr(layers[index], kind)
+            if ab is None:
+                continue
+            a, b = ab
+            if rows is None:
+                y.add_(F.linear(F.linear(x, a), b))
+            else:
+                y.index_add_(0, rows, F.linear(F.linear(x.index_select(0, rows), a), b))
+        return y
+
     def _ensure_capacity(self, slots: int, length: int, *, exact: bool = False) -> None:
         """Grow the cache to hold `slots` x `length`: by doubling when a step outgrows it, or to the
         next multiple of 64 positions when the engine reserves what its admitted requests need."""
@@ -189,10 +333,10 @@ class SlotCacheRunner:
         self._k, self._v = k, v
         self._slot_cap, self._len_cap = new_slots, new_len
 
-    def _mlp(self, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
+    def _mlp(self, index: int, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
         h = F.rms_norm(x, (x.shape[-1],), layer.ln2_w, layer.ln2_eps)
-        gate, up = F.linear(h, layer.gate_up_w, layer.gate_up_b).chunk(2, dim=-1)
-        return x + F.linear(self.act(gate) * up, layer.down_w, layer.down_b)
+        gate, up = self._linear(h, layer.gate_up_w, layer.gate_up_b, index, "gate_up").chunk(2, dim=-1)
+        return x + self._linear(self.act(gate) * up, layer.down_w, layer.down_b, index, "down")
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.norm_w, self.norm_eps)
@@ -204,7 +348,11 @@ class SlotCacheRunner:
 
     @torch.inference_mode()
     def prefill(
-        self, first_slot: int, prompts: list[list[int]], cached: list[int] | None = None
+        self,
+        first_slot: int,
+        prompts: list[list[int]],
+        cached: list[int] | None = None,
+        adapters: list[str | None] | None = None,
     ) -> torch.Tensor:
         """Packed ("varlen") prefill: the uncached tokens of every prompt run as one `[tokens, hidden]`
         batch through the matmuls, so no FLOP is spent on padding (prompts of mixed lengths padded to
@@ -212,6 +360,7 @@ class SlotCacheRunner:
         m = len(prompts)
         starts = cached or [0] * m
         lens = [len(p) - c for p, c in zip(prompts, starts, strict=True)]
+        self._groups = self._row_groups(adapters, lens)
         self._ensure_capacity(first_slot + m, max(len(p) for p in prompts))
         ids = torch.tensor([t for p, c in zip(prompts, starts, strict=True) for t in p[c:]], dtype=torch.long)
         positions = [c + j for c, n in zip(starts, lens, strict=True) for j in range(n)]
@@ -225,13 +374,14 @@ class SlotCacheRunner:
         attend = self._padded_attention if _pads_cheaply(starts, lens) else self._attention_per_prompt
         for index, layer in enumerate(self.layers):
             hidden = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
-            qkv = F.linear(hidden, layer.qkv_w, layer.qkv_b)
+            qkv = self._linear(hidden, layer.qkv_w, layer.qkv_b, index, "qkv")
             qk = self._rotate(qkv[:, : (h + kv) * d].view(total, h + kv, d), cos, sin)
             v = qkv[:, (h + kv) * d :].view(total, kv, d)
             self._k[index, rows, :, pos] = qk[:, h:]
             self._v[index, rows, :, pos] = v
             attn = attend(index, first_slot, qk[:, :h], starts, lens)
-            x = self._mlp(layer, x + F.linear(attn.reshape(total, h * d), layer.o_w, layer.o_b))
+            out = self._linear(attn.reshape(total, h * d), layer.o_w, layer.o_b, index, "o")
+            x = self._mlp(index, layer, x + out)
         last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
         return self._logits(x[last])
 
@@ -319,8 +469,14 @@ class SlotCacheRunner:
         return self._bucket_plan
 
     @torch.inference_mode()
-    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+    def decode(
+        self, tokens: list[int], positions: list[int], adapters: list[str | None] | None = None
+    ) -> torch.Tensor:
         n = len(tokens)
+        key = tuple(adapters) if adapters else ()
+        if key != self._group_key:  # the batch's adapters change only when its sequences do
+            self._group_key, self._decode_groups = key, self._row_groups(adapters)
+        self._groups = self._decode_groups
         self._ensure_capacity(n, max(positions) + 1)
         pos = torch.tensor(positions, device=self.device)
         rows = torch.arange(n, device=self.device)
@@ -334,7 +490,7 @@ class SlotCacheRunner:
         ]
         for index, layer in enumerate(self.layers):
             hidden = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
-            qkv = F.linear(hidden, layer.qkv_w, layer.qkv_b)
+            qkv = self._linear(hidden, layer.qkv_w, layer.qkv_b, index, "qkv")
             qk = self._rotate(qkv[:, : (h + kv) * d].view(n, h + kv, d), cos, sin)
             k_cache, v_cache = self._k[index], self._v[index]
             k_cache[rows, :, pos] = qk[:, h:]
@@ -351,7 +507,8 @@ class SlotCacheRunner:
                     attn[a:b] = F.scaled_dot_product_attention(
                         q[a:b], k_cache[a:b, :, :span], v_cache[a:b, :, :span], attn_mask=mask, enable_gqa=gqa
                     )
-            x = self._mlp(layer, x + F.linear(attn.view(n, h * d), layer.o_w, layer.o_b))
+            out = self._linear(attn.view(n, h * d), layer.o_w, layer.o_b, index, "o")
+            x = self._mlp(index, layer, x + out)
         return self._logits(x)
 
     @torch.inference_mode()
@@ -390,6 +547,14 @@ class RecomputeRunner:
     def reserve(self, slots: int, length: int) -> None:
         """Nothing to reserve: this runner keeps token lists, not a KV cache."""
 
+    def lora_modules(self) -> frozenset[str]:
+        """None: adapters are served on the fast path only (the engine refuses them here)."""
+        return frozenset()
+
+    def set_adapters(self, adapters: Mapping[str, Adapter]) -> None:
+        if adapters:
+            raise ValueError("the recompute runner serves no LoRA adapters")
+
     @torch.inference_mode()
     def _last_logits(self, seqs: list[list[int]]) -> torch.Tensor:
         width = max(len(s) for s in seqs)
@@ -408,13 +573,19 @@ class RecomputeRunner:
         return out.logits[:, -1].float()
 
     def prefill(
-        self, first_slot: int, prompts: list[list[int]], cached: list[int] | None = None
+        self,
+        first_slot: int,
+        prompts: list[list[int]],
+        cached: list[int] | None = None,
+        adapters: list[str | None] | None = None,
     ) -> torch.Tensor:
         for i, p in enumerate(prompts):
             self._seqs[first_slot + i] = list(p)
         return self._last_logits(prompts)
 
-    def decode(self, tokens: list[int], positions: list[int]) -> torch.Tensor:
+    def decode(
+        self, tokens: list[int], positions: list[int], adapters: list[str | None] | None = None
+    ) -> torch.Tensor:
         for slot, token in enumerate(tokens):
             self._seqs[slot].append(token)
         return self._last_logits([self._seqs[slot] for slot in range(len(tokens))])

@@ -181,9 +181,12 @@ class EngineProcess:
 
     # ---- asyncio API -----------------------------------------------------------------------------
 
-    async def generate(self, prompt_ids: list[int], sampling: SamplingParams | None = None) -> EngineOutput:
-        """Generate one completion; cancelling the awaiting task frees the request's slot."""
-        call_id, call = self._open(prompt_ids, sampling, streaming=False)
+    async def generate(
+        self, prompt_ids: list[int], sampling: SamplingParams | None = None, adapter: str | None = None
+    ) -> EngineOutput:
+        """Generate one completion (with LoRA `adapter`, as `Engine.generate`); cancelling the
+        awaiting task frees the request's slot."""
+        call_id, call = self._open(prompt_ids, sampling, streaming=False, adapter=adapter)
         finished = False
         try:
             kind, payload = await call.queue.get()
@@ -196,10 +199,10 @@ class EngineProcess:
             self._close(call_id, cancel=not finished)
 
     async def stream(
-        self, prompt_ids: list[int], sampling: SamplingParams | None = None
+        self, prompt_ids: list[int], sampling: SamplingParams | None = None, adapter: str | None = None
     ) -> AsyncIterator[EngineDelta | EngineOutput]:
         """Deltas as the child produces them, then the EngineOutput (as `Engine.stream`)."""
-        call_id, call = self._open(prompt_ids, sampling, streaming=True)
+        call_id, call = self._open(prompt_ids, sampling, streaming=True, adapter=adapter)
         finished = False
         try:
             while True:
@@ -263,11 +266,16 @@ class EngineProcess:
         return call_id, call
 
     def _open(
-        self, prompt_ids: list[int], sampling: SamplingParams | None, *, streaming: bool
+        self,
+        prompt_ids: list[int],
+        sampling: SamplingParams | None,
+        *,
+        streaming: bool,
+        adapter: str | None = None,
     ) -> tuple[int, _Call]:
         call_id, call = self._register()
         try:
-            self._post(("gen", call_id, list(prompt_ids), sampling or SamplingParams(), streaming))
+            self._post(("gen", call_id, list(prompt_ids), sampling or SamplingParams(), streaming, adapter))
         except BaseException:
             self._close(call_id, cancel=False)
             raise
@@ -412,8 +420,8 @@ class _ChildLoop:
     def _handle(self, message: tuple[Any, ...]) -> None:
         kind = message[0]
         if kind == "gen":
-            _, call_id, prompt, sampling, streaming = message
-            self._start(call_id, self._stream if streaming else self._generate, prompt, sampling)
+            _, call_id, prompt, sampling, streaming, adapter = message
+            self._start(call_id, self._stream if streaming else self._generate, prompt, sampling, adapter)
         elif kind == "cancel":
             task = self.tasks.pop(message[1], None)
             if task is not None:
@@ -437,11 +445,15 @@ class _ChildLoop:
         finally:
             self.tasks.pop(call_id, None)
 
-    async def _generate(self, call_id: int, prompt: list[int], sampling: SamplingParams) -> None:
-        self._post(call_id, "done", await self.engine.generate(prompt, sampling))
+    async def _generate(
+        self, call_id: int, prompt: list[int], sampling: SamplingParams, adapter: str | None
+    ) -> None:
+        self._post(call_id, "done", await self.engine.generate(prompt, sampling, adapter))
 
-    async def _stream(self, call_id: int, prompt: list[int], sampling: SamplingParams) -> None:
-        async for item in self.engine.stream(prompt, sampling):
+    async def _stream(
+        self, call_id: int, prompt: list[int], sampling: SamplingParams, adapter: str | None
+    ) -> None:
+        async for item in self.engine.stream(prompt, sampling, adapter):
             self._post(call_id, "done" if isinstance(item, EngineOutput) else "delta", item)
 
     async def _weights(self, call_id: int, weights: Any, version: int) -> None:

@@ -353,7 +353,10 @@ class Gateway:
         self, caller: Caller, request: GenerationRequest
     ) -> tuple[GenerationRequest, Restored | None]:
         """The request as the backend should render it: the attempt's own assistant turns in their
-        generated spelling and the tools in one spelling (`gateway.history`, `gateway.tool_schemas`)."""
+        generated spelling and the tools in one spelling (`gateway.history`, `gateway.tool_schemas`);
+        the caller's agent name names the adapter (the backend decides whether it has one)."""
+        if caller.agent is not None:
+            request = request.model_copy(update={"adapter": caller.agent})
         if request.messages is None:
             return request, None
         restored = caller.state.turns.restore(request.messages)

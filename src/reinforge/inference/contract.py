@@ -92,6 +92,9 @@ class GenerationRequest(BaseModel):
     response_format: ResponseFormat | None = None
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     model: str | None = None
+    adapter: str | None = None
+    """Which LoRA adapter serves this call; None: the base. The gateway sets the caller's agent name;
+    a backend without an adapter of that name serves the base model (a frozen role has none)."""
 
 
 FinishReason = Literal["stop", "length", "tool_calls"]

@@ -62,6 +62,8 @@ class ScriptedBackend:
     `tokenizer` is a `transformers` tokenizer (its chat template renders chat prompts) or a raw
     `tokenizers.Tokenizer` (chat prompts are rendered as `<|role|>content</s>`). Set `policy_version`
     to simulate a weight update; `delay_s` holds each generation that long (for pause/drain tests).
+    `compact_json` writes tool calls without spaces, as reinforge's chat template renders them: traces
+    recorded for a warm start then teach the model the very tokens its own history will show.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class ScriptedBackend:
         model_name: str = "reinforge-scripted",
         policy_version: int = 0,
         delay_s: float = 0.0,
+        compact_json: bool = False,
     ) -> None:
         if not callable(replies) and not replies:
             raise InvalidRequestError("ScriptedBackend needs at least one reply")
@@ -80,6 +83,7 @@ class ScriptedBackend:
         self.policy_version = policy_version
         self.delay_s = delay_s
         self._replies = replies
+        self._separators = (",", ":") if compact_json else (", ", ": ")
         self._next = 0
         self._hf = hasattr(tokenizer, "apply_chat_template")
         eos = getattr(tokenizer, "eos_token_id", None)
@@ -141,8 +145,13 @@ class ScriptedBackend:
         markup = ""
         tool_calls: list[ToolCall] = []
         for call in calls:
-            arguments = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
-            payload = f'{{"name": {json.dumps(call.name)}, "arguments": {arguments}}}'
+            arguments = (
+                call.arguments
+                if isinstance(call.arguments, str)
+                else json.dumps(call.arguments, separators=self._separators)
+            )
+            comma, colon = self._separators
+            payload = f'{{"name"{colon}{json.dumps(call.name)}{comma}"arguments"{colon}{arguments}}}'
             markup += TOOL_CALL_START + payload + TOOL_CALL_END
             tool_calls.append(
                 ToolCall(id="call_" + secrets.token_hex(8), name=call.name, arguments=arguments)

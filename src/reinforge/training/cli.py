@@ -1,4 +1,4 @@
-"""`reinforge train config.toml`: the typer command function that `reinforge/cli.py` registers."""
+"""`reinforge train` and `reinforge sft`: the typer command functions that `reinforge/cli.py` registers."""
 
 from __future__ import annotations
 
@@ -54,3 +54,45 @@ def train_command(
     summary = "  ".join(f"{k}={v:.3f}" for k, v in result.val_after.items())
     typer.echo(f"trained {result.steps} steps (policy v{result.policy_version}); {summary}")
     typer.echo(f"run folder: {result.run_dir}")
+    if cfg.report is not None:
+        key = f"val/{cfg.report.metric}"
+        before, after = result.val_before.get(key), result.val_after.get(key)
+        shown = [f"{v:.3f}" if v is not None else "nan" for v in (before, after)]
+        typer.echo(f"RESULT {cfg.report.name}_heldout before={shown[0]} after={shown[1]}")
+
+
+def sft_command(
+    config: Annotated[Path, typer.Argument(help="The run's TOML file, with a [warm_start] section.")],
+    recollect: Annotated[
+        bool, typer.Option("--recollect", help="Record new traces even if the trace store has some.")
+    ] = False,
+    steps: Annotated[
+        int | None, typer.Option("--steps", min=1, help="Override [warm_start.sft] steps.")
+    ] = None,
+) -> None:
+    """Warm-start a model on the agent's recorded conversations (exact token ids from a store)."""
+    import asyncio
+
+    import torch
+
+    from reinforge.training.run_config import load_run_config
+    from reinforge.training.warm_start import build_warm_start
+
+    try:
+        torch.set_num_threads(1)
+        cfg = load_run_config(config)
+        if steps is not None and cfg.warm_start is not None:
+            cfg.warm_start.sft.steps = steps
+        def progress(step: int, loss: float) -> None:
+            if step % 200 == 0:
+                typer.echo(f"sft step {step}: loss {loss:.4f}")
+
+        report = asyncio.run(build_warm_start(cfg, recollect=recollect, on_step=progress, log=typer.echo))
+    except ReinforgeError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    typer.echo(
+        f"trained {report.sft.steps} steps on {report.examples} sequences in {report.sft.seconds:.0f}s "
+        f"(loss {report.sft.first_loss:.3f} -> {report.sft.last_loss:.3f})"
+    )
+    typer.echo(f"warm start saved to {report.out_dir}")

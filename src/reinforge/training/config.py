@@ -13,14 +13,23 @@ place it moved to, instead of being silently ignored or guessed.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+_ROLE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
 
 class LoraSettings(BaseModel):
-    """Train low-rank adapters (peft) instead of every weight; the engine gets merged weights."""
+    """Train low-rank adapters (peft) instead of every weight.
+
+    Without `roles`, one adapter is shared by every call and the engine gets merged weights. With
+    `roles`, each listed role (an agent name, as calls reach `/agents/<name>/v1`) gets its own adapter
+    named after it on one shared frozen base, trained only on that role's transitions; the engine
+    serves each call with its agent's adapter, and roles not listed run on the plain base model.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
@@ -30,6 +39,27 @@ class LoraSettings(BaseModel):
     target_modules: list[str] = Field(
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
+    roles: list[str] | None = None
+    """One adapter per listed role instead of one shared adapter (names: letters, digits, `_`, `-`)."""
+
+    @field_validator("roles")
+    @classmethod
+    def _valid_roles(cls, value: list[str] | None) -> list[str] | None:
+        # Names become peft module keys and engine weight names ("lora/<role>/..."): no dots or slashes.
+        if value is None:
+            return None
+        if not value:
+            raise ValueError("roles must list at least one role (leave it out for one shared adapter)")
+        bad = [name for name in value if not _ROLE_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"role names may hold only letters, digits, '_' and '-'; got {bad}")
+        clashing = [name for name in value if name in "lora_"]  # peft may reinitialise these on load
+        if clashing:
+            raise ValueError(f"role names must not be part of 'lora_' (peft's prefix); got {clashing}")
+        repeated = sorted({name for name in value if value.count(name) > 1})
+        if repeated:
+            raise ValueError(f"role names must be unique; repeated: {repeated}")
+        return value
 
 
 class OptimSettings(BaseModel):

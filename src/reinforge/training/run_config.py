@@ -13,6 +13,9 @@
     [trainer.schedule]     max_steps = 400, max_minutes = 5, val_every = 0, ...
     [trainer.checkpoints]  every = 5, keep = 2, resume = true
     [trainer.store]        url = "http://host:port", token = "..."
+    [report]       name = "sql", metric = "success"  (the closing RESULT line: ReportSection)
+    [warm_start]   base = "module:function", policy = "module:function", out = "warm-start", ...
+                   (what `reinforge sft` records and trains on: WarmStartSection)
 
 Relative paths (run_dir, data files, model folder) are relative to the config file's folder, and that
 folder is importable, so `entry = "my_agent:solve"` finds `my_agent.py` beside the config.
@@ -26,7 +29,7 @@ import re
 import sys
 import tomllib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -35,6 +38,7 @@ from reinforge.credit import CreditConfig
 from reinforge.errors import InvalidRequestError
 from reinforge.runner import Agent, CommandAgent, load_agent
 from reinforge.training.config import TrainerConfig
+from reinforge.training.sft import SftConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -74,6 +78,65 @@ class DataSection(BaseModel):
     val: str | None = None
 
 
+class WarmStartSection(BaseModel):
+    """`reinforge sft`: record the agent against a policy that behaves, then train a base model on the
+    recorded tokens; `[model] path` then names `out` for the RL run.
+
+    Attributes:
+        base: the untrained model (a folder or a `module:function` returning `(model, tokenizer)`);
+            its tokenizer encodes the recorded conversations.
+        policy: `module:function` taking a `GenerationRequest` and returning a reply (text, or a
+            `ScriptedReply` / dict with tool calls): the scripted policy the agent runs against.
+            None: `store` already holds recorded runs (from any earlier run) and is used as it is.
+        store: where the traces are recorded (a SQLite file path, or a store URL).
+        tasks: how many training tasks to record (None: all of `[data] train`).
+        out: where the trained warm start is saved (a `save_pretrained` folder).
+        min_reward: train only on rollouts whose reward reaches this (None: all of them, which is
+            what a designed mix of right and wrong behaviour needs).
+        agents: train only the calls of these agent names (None: every call).
+        concurrency / processes / max_tokens: how the collection runs the agent (`processes` > 0:
+            in that many runner children, each `concurrency` at once).
+        sft: the supervised run's settings.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str
+    policy: str | None = None
+    store: str = "warm-start-traces.db"
+    tasks: int | None = Field(default=None, ge=1)
+    out: str = "warm-start"
+    min_reward: float | None = None
+    agents: list[str] | None = None
+    concurrency: int = Field(default=64, ge=1)
+    processes: int = Field(default=0, ge=0)
+    max_tokens: int = Field(default=96, ge=1)
+    sft: SftConfig = Field(default_factory=SftConfig)
+
+    def store_url(self, base_dir: Path) -> str:
+        if "://" in self.store:
+            return self.store
+        path = Path(self.store) if Path(self.store).is_absolute() else base_dir / self.store
+        return f"sqlite:///{path.resolve()}"
+
+    def out_dir(self, base_dir: Path) -> Path:
+        path = Path(self.out)
+        return path if path.is_absolute() else base_dir / path
+
+
+class ReportSection(BaseModel):
+    """`[report]`: the line `reinforge train` ends with, `RESULT <name>_heldout before=<a> after=<b>`.
+
+    `metric` is the held-out number compared: "success" (share of rewards of 1) or "reward" (the
+    mean reward, for graded rewards such as an F1); the greedy variants read the greedy validation.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[\w-]+$")
+    metric: Literal["success", "reward", "greedy_success", "greedy_reward"] = "success"
+
+
 class RunConfig(BaseModel):
     """The parsed file; `base_dir` is where relative paths start."""
 
@@ -85,6 +148,8 @@ class RunConfig(BaseModel):
     algorithm: dict[str, Any] = Field(default_factory=lambda: {"name": "grpo"})
     credit: CreditConfig = Field(default_factory=CreditConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    warm_start: WarmStartSection | None = None
+    report: ReportSection | None = None
     base_dir: Path = Path(".")
 
     def algorithm_config(self) -> Algorithm:
@@ -118,21 +183,35 @@ def load_run_config(path: Path, overrides: dict[str, Any] | None = None) -> RunC
 def load_model(config: RunConfig) -> tuple[PreTrainedModel | Path, PreTrainedTokenizerBase | None]:
     """`[model] path`: a `save_pretrained` folder (its tokenizer loads with it), or a `module:function`
     (or a `BUILTIN_MODELS` name) whose function returns `(model, tokenizer)`."""
-    spec = BUILTIN_MODELS.get(config.model.path, config.model.path)
-    path = Path(spec) if Path(spec).is_absolute() else config.base_dir / spec
+    return load_model_spec(config.model.path, config.base_dir)
+
+
+def load_model_spec(
+    name: str, base_dir: Path
+) -> tuple[PreTrainedModel | Path, PreTrainedTokenizerBase | None]:
+    """A model named as `[model] path` names one, relative paths starting at `base_dir`."""
+    spec = BUILTIN_MODELS.get(name, name)
+    path = Path(spec) if Path(spec).is_absolute() else base_dir / spec
     if path.exists() or not _LOADER.fullmatch(spec):
         return path, None
-    _importable(config.base_dir)
-    module_name, _, attr = spec.partition(":")
-    try:
-        loader = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise InvalidRequestError(f"cannot load model {config.model.path!r}: {exc}") from exc
+    loader = load_callable(spec, base_dir, what="model")
     loaded = loader()
     if not (isinstance(loaded, tuple) and len(loaded) == 2):
         raise InvalidRequestError(f"model loader {spec!r} must return (model, tokenizer)")
     model, tokenizer = loaded
     return model, tokenizer
+
+
+def load_callable(spec: str, base_dir: Path, *, what: str) -> Any:
+    """The object a `module:attribute` names (`base_dir` importable), or a clear error."""
+    if not _LOADER.fullmatch(spec):
+        raise InvalidRequestError(f"{what} {spec!r}: use 'module:function'")
+    _importable(base_dir)
+    module_name, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise InvalidRequestError(f"cannot load {what} {spec!r}: {exc}") from exc
 
 
 def resolve_agent(config: RunConfig) -> Agent | CommandAgent:

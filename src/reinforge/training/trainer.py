@@ -292,7 +292,7 @@ class Trainer:
         )
         session = new_id()[:8]
         await stack.start(agent, cfg.runners, rollout_timeout_s=cfg.rollouts.timeout_s)
-        if checkpoint is not None:
+        if checkpoint is not None or policy.roles:  # per-role adapters: the engine starts without them
             await stack.publish(policy.engine_state(), version)
         progress = StepProgress(cfg.schedule.max_steps, start=step, enabled=cfg.progress)
         progress.note(f"run folder {cfg.run_dir}  dashboard {stack.dashboard_url}")
@@ -332,7 +332,8 @@ class Trainer:
         return measured
 
     async def _validate(self, run: _Run, tag: str) -> dict[str, float]:
-        """Held-out success, sampled at the training temperature and (optionally) greedy."""
+        """Held-out success and mean reward, sampled at the training temperature and (optionally)
+        greedy: success counts rewards of 1, the mean reward is what a graded reward (an F1) shows."""
         if not run.val:
             return {}
         cfg = self.config
@@ -355,6 +356,7 @@ class Trainer:
                 )
             )
             out[key] = success_rate(rollouts)
+            out[key.replace("success", "reward")] = mean_reward(rollouts)
         return out
 
     def _checkpoint(self, run: _Run, rl_seconds: float) -> None:

@@ -1,0 +1,186 @@
+"""Record an agent's conversations against any policy, then turn recorded conversations into SFT data.
+
+A warm start should teach a model the prompts its agent's framework really renders, token for token.
+The reliable way is to run the unchanged agent through the gateway against a policy that already
+behaves (a scripted one, or a stronger model), let the gateway record every call's exact token ids,
+and train on those ids: `collect_traces` does the first part, `trace_examples` the second, and
+`reinforge sft` chains them (docs/training.md, "Warm starts from traces").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from reinforge.credit import CreditConfig
+from reinforge.gateway.app import Gateway, create_gateway_app
+from reinforge.inference.contract import Backend
+from reinforge.net.background import BackgroundServer
+from reinforge.runner import Agent, AgentFunction, CommandAgent, Runner
+from reinforge.store.http.server import create_store_app
+from reinforge.store.protocol import Store
+from reinforge.training.rollout_stack import GATEWAY_MOUNT, MODEL_NAME
+from reinforge.training.rollouts import attempt_resources, collect_transitions, run_rollouts
+from reinforge.training.runner_processes import RunnerProcesses, RunnerProcessSettings, agent_reference
+from reinforge.training.sft import SftExample
+from reinforge.types import (
+    MAX_PAGE_SIZE,
+    LeasedRollout,
+    Rollout,
+    RolloutMode,
+    RolloutQuery,
+    RolloutStatus,
+    Transition,
+)
+
+
+class CollectReport(BaseModel):
+    """What a collection recorded."""
+
+    rollouts: int
+    succeeded: int
+    mean_reward: float
+    seconds: float
+
+
+async def collect_traces(
+    agent: Agent | AgentFunction | CommandAgent,
+    tasks: Sequence[dict[str, Any]],
+    backend: Backend,
+    store: Store,
+    *,
+    concurrency: int = 64,
+    max_tokens: int = 64,
+    temperature: float = 1.0,
+    timeout_s: float = 120.0,
+    prefix: str | None = None,
+    processes: int = 0,
+    log_dir: Path | None = None,
+) -> CollectReport:
+    """Run `agent` once on each task with `backend` behind the gateway; every call lands in `store`.
+
+    The agent is the one training will run (same code, same framework), so what is recorded is what
+    its framework renders; only the policy answering it differs. `processes` > 0 runs the agents in
+    that many `reinforge runner` children (each `concurrency` at once), beside the gateway's process.
+    """
+    started = time.monotonic()
+    store_token = secrets.token_urlsafe(24)
+    gateway_secret = secrets.token_urlsafe(24)
+    gateway_app = create_gateway_app(store, backend, gateway_secret)
+    gateway: Gateway = gateway_app.state.gateway
+
+    def leased(found: list[LeasedRollout]) -> None:
+        gateway.attempts.remember_running(lr.attempt for lr in found)
+
+    store_app = create_store_app(store, store_token, on_lease=leased)
+    store_app.mount(GATEWAY_MOUNT, gateway_app)
+    server = BackgroundServer(store_app)
+    reference = agent_reference(agent) if processes > 0 else None  # refuse before serving
+    await asyncio.to_thread(server.start)
+    stop = asyncio.Event()
+    children: RunnerProcesses | None = None
+    running: asyncio.Task[object] | None = None
+    if reference is not None:
+        children = RunnerProcesses(
+            RunnerProcessSettings(
+                agent=reference,
+                store_url=server.url,
+                store_token=store_token,
+                gateway_url=server.url + GATEWAY_MOUNT,
+                gateway_secret=gateway_secret,
+                concurrency=concurrency,
+                model=MODEL_NAME,
+                timeout_s=timeout_s,
+                log_dir=log_dir or Path(tempfile.mkdtemp(prefix="reinforge-collect-")),
+            ),
+            processes,
+            id_prefix="trace-collector",
+        )
+        children.start()
+    else:
+        runner = Runner(
+            store,
+            agent,
+            server.url + GATEWAY_MOUNT,
+            gateway_secret,
+            concurrency=concurrency,
+            runner_id="trace-collector",
+            timeout_s=timeout_s,
+            poll_seconds=0.2,
+            model=MODEL_NAME,
+            drain_timeout_s=5.0,
+            on_lease=leased,
+        )
+        running = asyncio.create_task(runner.run(stop=stop))
+    try:
+        resources = await store.put_resources(attempt_resources(0, temperature, max_tokens))
+        rollouts = await run_rollouts(
+            store,
+            list(enumerate(tasks)),
+            prefix=prefix or f"traces-{secrets.token_hex(4)}",
+            group_size=1,
+            mode=RolloutMode.train,
+            resources_version=resources.version,
+            timeout_s=min(3600.0, max(timeout_s * 4, timeout_s * len(tasks) / max(concurrency, 1) * 2)),
+        )
+    finally:
+        stop.set()
+        if children is not None:
+            await asyncio.to_thread(children.stop)
+        if running is not None:
+            await asyncio.wait({running}, timeout=30)
+            running.cancel()
+        await gateway.flush()
+        await asyncio.to_thread(server.stop)
+    done = [r for r in rollouts if r.status == RolloutStatus.succeeded]
+    return CollectReport(
+        rollouts=len(rollouts),
+        succeeded=len(done),
+        mean_reward=sum(r.reward or 0.0 for r in done) / len(done) if done else 0.0,
+        seconds=time.monotonic() - started,
+    )
+
+
+async def recorded_rollouts(store: Store) -> list[Rollout]:
+    """Every succeeded rollout in `store`, oldest first."""
+    found: list[Rollout] = []
+    offset: int | None = 0
+    while offset is not None:
+        page = await store.query_rollouts(
+            RolloutQuery(statuses=[RolloutStatus.succeeded], limit=MAX_PAGE_SIZE, offset=offset)
+        )
+        found += page.items
+        offset = page.next_offset
+    return found
+
+
+def example_of(transition: Transition) -> SftExample:
+    """The transition's exact tokens; only what the model generated (its response mask) carries loss."""
+    return SftExample(
+        input_ids=transition.prompt_ids + transition.response_ids,
+        loss_mask=[0] * len(transition.prompt_ids) + transition.response_mask,
+    )
+
+
+async def trace_examples(
+    store: Store, *, min_reward: float | None = None, agents: Sequence[str] | None = None
+) -> list[SftExample]:
+    """Supervised examples from the conversations recorded in `store`.
+
+    A rollout's calls are merged into one sequence where each call's prompt extends the previous
+    call's tokens (tool results are context, not targets), as RL's merged credit mode does. Only
+    rollouts whose reward reaches `min_reward` are kept, and only the calls of `agents` (all: None).
+    """
+    credit = CreditConfig(mode="merged", agents=list(agents) if agents else None)
+    rollouts = await recorded_rollouts(store)
+    if min_reward is not None:
+        rollouts = [r for r in rollouts if (r.reward or 0.0) >= min_reward]
+    transitions, _ = await collect_transitions(store, rollouts, credit)
+    return [example_of(t) for t in transitions if any(t.response_mask)]
