@@ -12,6 +12,10 @@ from typing import Any
 import pytest
 import torch
 
+from reinforge import semconv
+from reinforge.store.factory import open_store
+from reinforge.training.collect import recorded_rollouts
+from reinforge.training.rollouts import collect_transitions
 from reinforge.training.run_config import (
     RunConfig,
     load_dataset,
@@ -20,6 +24,7 @@ from reinforge.training.run_config import (
 )
 from reinforge.training.trainer import Trainer
 from reinforge.training.warm_start import build_warm_start
+from reinforge.types import SpanQuery
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -89,6 +94,23 @@ def test_sql_langgraph_trains_writer_and_rewriter_not_checker(tmp_path: Path) ->
     trained = sum(r.get("credit/calls_trained", 0.0) for r in fit.history)
     filtered = sum(r.get("credit/calls_filtered", 0.0) for r in fit.history)
     assert trained > 0 and filtered > 0  # the checker's calls are recorded but not trained
+    names, transitions = asyncio.run(recorded_roles(cfg))
+    assert names == {"writer", "checker", "rewriter"} or names == {"writer", "checker"}
+    assert transitions and {t.agent_name for t in transitions} <= {"writer", "rewriter"}
+    assert all(any(t.response_mask) for t in transitions)
+
+
+async def recorded_roles(cfg: RunConfig) -> tuple[set[str], list[Any]]:
+    """The agent names of every recorded call of the run, and the transitions its credit config
+    trains on (what the policy update sees)."""
+    store = await open_store(cfg.trainer.store_location)
+    try:
+        rollouts = await recorded_rollouts(store)
+        spans = (await store.query_spans(SpanQuery(name=semconv.SPAN_LLM_CALL, limit=1000))).items
+        transitions, _ = await collect_transitions(store, rollouts, cfg.credit)
+    finally:
+        await store.close()
+    return {str(s.attributes.get(semconv.ATTR_AGENT_NAME)) for s in spans}, transitions
 
 
 def test_rag_agents_sdk_reward_is_graded(tmp_path: Path) -> None:

@@ -158,3 +158,20 @@ def test_the_calc_example_config_is_valid() -> None:
     assert config.algorithm_config().group_size == 8  # type: ignore[union-attr]
     assert config.credit.mode == "merged" and config.trainer.schedule.max_minutes == 5
     assert config.trainer.runners.processes == 2 and config.trainer.optim.learning_rate == 5e-4
+
+
+def test_report_section_ends_the_run_with_a_result_line(tokenizer: Any, tmp_path: Path) -> None:
+    config = write_run(tmp_path, tokenizer, extra='[report]\nname = "toy"\nmetric = "reward"')
+    config.write_text(
+        config.read_text().replace('train = "train.jsonl"', 'train = "train.jsonl"\nval = "train.jsonl"')
+    )
+    out = CliRunner().invoke(app, ["train", str(config), "--max-steps", "1"])
+    assert out.exit_code == 0, out.output
+    line = next(x for x in out.output.splitlines() if x.startswith("RESULT "))
+    records = [json.loads(x) for x in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
+    before = next(r for r in records if r["step"] == 0 and "val/reward" in r)["val/reward"]
+    after = [r for r in records if "val/reward" in r][-1]["val/reward"]
+    assert line == f"RESULT toy_heldout before={before:.3f} after={after:.3f}"
+    config.write_text(config.read_text().replace('metric = "reward"', 'metric = "f1"'))
+    bad = CliRunner().invoke(app, ["train", str(config)])
+    assert bad.exit_code == 2 and "metric" in bad.output

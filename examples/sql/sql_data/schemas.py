@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 ColumnKind = Literal["pk", "fk", "label", "cat", "num"]
@@ -640,6 +640,70 @@ HELD_OUT_DOMAIN_NAMES: tuple[str, ...] = (
     "poker",
     "orchestra",
 )
+
+RENAMED_VARIANTS = 8
+"""Copies of each training design with other table and column names (`<domain>_r<k>`). With only the
+designs' own names a tiny model learns each training schema by heart and writes those names on a
+schema it has never seen; renamed copies make copying the names from the prompt the only way."""
+
+_RENAME_POOL = _words(
+    "anchor beacon canyon harbor meadow orchard quarry summit valley glacier lagoon prairie ridge "
+    "delta fjord grove marsh oasis plateau reef tundra basin cove dune estuary inlet isle knoll "
+    "badge crate ledger parcel ticket voucher token permit receipt invoice docket manifest "
+    "falcon heron otter badger beaver bison ferret lynx marten osprey puffin raven walrus "
+    "amber cobalt copper indigo ivory jade scarlet violet bronze silver "
+    "atlas compass lantern quiver saddle spindle trellis kettle ladder mallet "
+    "pilot ranger scout sentry steward tutor warden courier envoy herald "
+    "cinder ember flint pebble marble slate granite basalt "
+    "voyage relay rally parade summit_cup derby regatta gala "
+    "tally quota margin ration stipend tariff bounty yield weight depth width length"
+)
+
+
+def _renamed(domain: Domain, k: int, banned: frozenset[str]) -> Domain:
+    """Domain `domain` with its tables, and about half of its value columns, renamed from the pool
+    (deterministically per copy); keys follow their table's new name, as in the original."""
+    rng = random.Random(f"sql-rename:{domain.name}:{k}")
+    pool = [w for w in _RENAME_POOL if w not in banned]
+    words = iter(rng.sample(pool, len(pool)))
+    tables = {t.name: next(words) for t in domain.tables}
+    renamed: list[Table] = []
+    for t in domain.tables:
+        used = {"name"}
+        columns: list[Column] = []
+        for c in t.columns:
+            if c.kind == "pk":
+                columns.append(replace(c, name=f"{tables[t.name]}_id"))
+            elif c.kind == "fk":
+                assert c.ref is not None
+                columns.append(replace(c, name=f"{tables[c.ref]}_id", ref=tables[c.ref]))
+            elif c.name != "name" and rng.random() < 0.5:
+                word = next(w for w in words if w not in used)
+                used.add(word)
+                columns.append(replace(c, name=word))
+            else:
+                columns.append(c)
+        renamed.append(Table(tables[t.name], tuple(columns), t.min_rows, t.max_rows))
+    return Domain(f"{domain.name}_r{k}", tuple(renamed))
+
+
+def _with_renamed_copies(domains: dict[str, Domain], held_out: tuple[str, ...]) -> dict[str, Domain]:
+    banned = frozenset(
+        name
+        for d in held_out
+        for t in domains[d].tables
+        for name in (t.name, *(c.name for c in t.columns))
+    )
+    copies = {
+        f"{d.name}_r{k}": _renamed(d, k, banned)
+        for d in domains.values()
+        if d.name not in held_out
+        for k in range(RENAMED_VARIANTS)
+    }
+    return {**domains, **copies}
+
+
+DOMAINS = _with_renamed_copies(DOMAINS, HELD_OUT_DOMAIN_NAMES)
 
 INSTANCES_PER_DOMAIN = 4
 """Databases per domain: the same design with different rows, so one query form has several answers."""

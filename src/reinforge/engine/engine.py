@@ -9,7 +9,8 @@ and reads results. Each loop iteration:
 3. admits waiting requests (FIFO) while the batch has free slots and the token budget allows, and
    prefills them packed together (no padding); a prompt that starts with tokens a running
    sequence already holds in its cache (rollouts of one task, a conversation going on) copies that KV
-   and computes only its new tokens;
+   and computes only its new tokens; so does one that starts with tokens of a finished sequence whose
+   cache is still retained in a free slot (a conversation's next call, the next rollout of a task);
 4. runs ONE decode forward for every running sequence and samples the next token of each;
 5. hands each request its new tokens (one callback per event loop per iteration).
 
@@ -102,9 +103,26 @@ class _Sequence:
         return len(self.prompt) + self.max_new
 
 
-_Prefill = tuple["_Sequence", "_Sequence | None", int]
-"""A newcomer, the sequence whose cached prefix it copies (None: computed in full), and that prefix's
-length."""
+@dataclass(eq=False)
+class _Retained:
+    """The cache of a finished sequence, kept in a free slot above the running ones so that a later
+    prompt starting with the same tokens (the next call of a conversation, the next request on the same
+    schema or template) copies it instead of recomputing it. Evicted, least recently used first, when
+    the running sequences need its slot; dropped at every weight update (its KV is the old policy's)."""
+
+    tokens: list[int]
+    """The tokens whose keys and values are in slot positions 0..len-1."""
+    adapter: str | None
+    slot: int
+    used: int
+    """When it was retained or last copied from (the engine's LRU clock)."""
+    key: tuple[str | None, tuple[int, ...]]
+    """Its adapter and first `prefix_min_tokens` tokens: the donor lookup key."""
+
+
+_Prefill = tuple["_Sequence", "_Sequence | _Retained | None", int]
+"""A newcomer, the sequence or retained entry whose cached prefix it copies (None: computed in full),
+and that prefix's length."""
 
 _MAX_PREFILL_WAVES = 4
 """Prefill waves per admission at most (each a forward of its own): deeper chains of donors would cost
@@ -129,6 +147,8 @@ class Engine:
     prefill_max_tokens: the most computed prompt tokens in one prefill forward, bounding activation memory.
     prefix_min_tokens: a new prompt whose first tokens (at least this many; 0 turns it off) are already
         cached by a running sequence copies that KV instead of recomputing it.
+    retain_prefixes: keep a finished sequence's cache in a free slot (while slots are free) so later
+        prompts can copy from it too; it never delays admission nor allocates memory of its own.
     seed: seeds the shared generator used by requests without their own seed.
     """
 
@@ -143,6 +163,7 @@ class Engine:
         policy_version: int = 0,
         prefill_max_tokens: int = 8192,
         prefix_min_tokens: int = 16,
+        retain_prefixes: bool = True,
         seed: int | None = None,
     ) -> None:
         config = getattr(model, "config", None)
@@ -160,6 +181,7 @@ class Engine:
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])  # type: ignore[operator]
         self.prefill_max_tokens = prefill_max_tokens
         self.prefix_min_tokens = prefix_min_tokens
+        self.retain_prefixes = retain_prefixes
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self._grammars = GrammarCompiler(tokenizer, self.eos_token_ids)
         self._version = policy_version
@@ -180,6 +202,9 @@ class Engine:
         self._steps = 0
         self._peak_running = 0
         self._prefix_hits = 0
+        self._retained: list[_Retained] = []
+        self._retained_hits = 0
+        self._clock = 0
         self._adapters: dict[str, Adapter] = {}
         self._adapter_served: collections.Counter[str] = collections.Counter()
 
@@ -201,7 +226,9 @@ class Engine:
         return sorted(self._adapters)
 
     def stats(self) -> dict[str, int]:
-        """Counts for monitoring and tests: running sequences, waiting requests, decode steps, and
+        """Counts for monitoring and tests: running sequences, waiting requests, decode steps, prompt
+        tokens copied instead of computed (`prefix_cached_tokens`; `prefix_retained_hits` of them from
+        retained caches of finished sequences), the caches retained now (`retained_entries`), and
         `adapter_sequences/<name>`: sequences admitted with each adapter ("" for the base)."""
         with self._cond:
             return {
@@ -210,6 +237,8 @@ class Engine:
                 "steps": self._steps,
                 "peak_running": self._peak_running,
                 "prefix_cached_tokens": self._prefix_hits,
+                "prefix_retained_hits": self._retained_hits,
+                "retained_entries": len(self._retained),
                 "pending_updates": len(self._updates),
                 **{f"adapter_sequences/{name}": n for name, n in self._adapter_served.items()},
             }
@@ -236,6 +265,7 @@ class Engine:
             self._inbox.clear()
             self._waiting.clear()
             self._running.clear()
+            self._retained.clear()
             updates = list(self._updates)
             self._updates.clear()
         error = EngineStoppedError("the engine stopped before the request finished")
@@ -408,6 +438,7 @@ class Engine:
                     self._admitting.clear()
                     self._running.clear()
                     self._waiting.clear()
+                    self._retained.clear()  # a failed forward may have left any slot half written
                 self._deliver([(s, ("error", error)) for s in failed])
 
     def _iteration(self) -> None:
@@ -430,6 +461,8 @@ class Engine:
         with self._cond:
             updates = list(self._updates)
             self._updates.clear()
+            # Retained caches hold the old weights' (and old adapters') keys and values.
+            self._retained.clear()
         for u in updates:
             try:
                 apply_state_dict(self.model, u.state)
@@ -473,19 +506,38 @@ class Engine:
         if chosen:
             # One cache allocation for what the batch will need, not a doubling (and a copy of every
             # cache) each time the sequences outgrow it; capped at twice the longest current length so
-            # a request without max_tokens does not reserve the whole context for every slot.
+            # a request without max_tokens does not reserve the whole context for every slot. Slots for
+            # the retained caches too, up to max_batch_size: they are free slots that stay useful.
             batch = [*self._running, *chosen]
             longest = max([s.length for s in self._running] + [len(s.prompt) for s in chosen])
-            self._runner.reserve(len(batch), min(max(s.reserved for s in batch), max(64, 2 * longest)))
+            slots = min(self.max_batch_size, len(batch) + len(self._retained))
+            self._runner.reserve(slots, min(max(s.reserved for s in batch), max(64, 2 * longest)))
         sampled: list[tuple[list[_Sequence], list[int], list[float]]] = []
-        for wave in self._plan_prefill(sorted(chosen, key=lambda s: len(s.prompt))):
-            for group in self._prefill_groups(wave, lambda item: len(item[0].prompt) - item[2]):
+        waves = [
+            self._prefill_groups(wave, lambda item: len(item[0].prompt) - item[2])
+            for wave in self._plan_prefill(sorted(chosen, key=lambda s: len(s.prompt)))
+        ]
+        if waves:
+            # Only wave 0 copies from retained caches (they count as running donors), so all its
+            # copies go first, in one copy, before any of its prefills writes a slot one may live in;
+            # the retained caches in slots the batch now covers move above it in that same copy.
+            copies: list[tuple[int, int, int]] = []
+            self._clock += 1
+            for i, (_, donor, shared) in enumerate(item for group in waves[0] for item in group):
+                if donor is not None:
+                    copies.append((donor.slot, len(self._running) + i, shared))
+                    if isinstance(donor, _Retained):
+                        donor.used = self._clock
+                        self._retained_hits += shared
+            self._runner.move_many(copies + self._make_room(len(self._running) + len(chosen)))
+        for index, groups in enumerate(waves):
+            for group in groups:
                 first = len(self._running)
                 seqs = [seq for seq, _, _ in group]
                 cached = [shared for _, _, shared in group]
-                self._runner.move_many(
-                    [(donor.slot, first + i, shared) for i, (_, donor, shared) in enumerate(group) if donor]
-                )
+                if index:
+                    copied = [(d.slot, first + i, n) for i, (_, d, n) in enumerate(group) if d is not None]
+                    self._runner.move_many(copied)
                 logits = self._runner.prefill(
                     first, [s.prompt for s in seqs], cached, [s.adapter for s in seqs]
                 )
@@ -499,20 +551,23 @@ class Engine:
 
     def _plan_prefill(self, chosen: list[_Sequence]) -> list[list[_Prefill]]:
         """Waves of prefill for the newcomers: each copies the KV of the longest prefix (at least
-        `prefix_min_tokens`) that a running sequence or a newcomer of an earlier wave has cached
-        (rollouts of one task, tasks sharing a chat template and tools, a conversation going on),
-        and computes only the rest. A wave is prefilled after the ones before it, so a group of
-        identical prompts computes one prompt in full and one token for each of the others.
+        `prefix_min_tokens`) that a running sequence, a retained cache of a finished one, or a
+        newcomer of an earlier wave has cached (rollouts of one task, tasks sharing a chat template
+        and tools, a conversation going on), and computes only the rest. A wave is prefilled after
+        the ones before it, so a group of identical prompts computes one prompt in full and one
+        token for each of the others.
         Only sequences with the same adapter share: another adapter's KV of the same tokens differs.
         """
         k = self.prefix_min_tokens
         if not k:
             return [[(seq, None, 0) for seq in chosen]]
-        donors: dict[tuple[str | None, tuple[int, ...]], list[tuple[_Sequence, list[int]]]] = {}
+        donors: dict[tuple[str | None, tuple[int, ...]], list[tuple[_Sequence | _Retained, list[int]]]] = {}
         for seq in self._running:
             cached = (seq.prompt + seq.tokens)[: seq.length]
             if len(cached) >= k:
                 donors.setdefault((seq.adapter, tuple(cached[:k])), []).append((seq, cached))
+        for entry in self._retained:  # after the running ones: on a tie, copy from a running sequence
+            donors.setdefault(entry.key, []).append((entry, entry.tokens))
         wave_of: dict[int, int] = {}  # id(newcomer) -> its wave; running donors are wave -1
         # Identical prompts (with one adapter) copy the first one.
         first_of: dict[tuple[str | None, tuple[int, ...]], _Sequence] = {}
@@ -520,7 +575,7 @@ class Engine:
         for seq in chosen:
             prompt = seq.prompt
             twin = first_of.get((seq.adapter, tuple(prompt)))
-            donor: _Sequence | None = None
+            donor: _Sequence | _Retained | None = None
             shared = 0
             if twin is not None and len(prompt) > k and wave_of[id(twin)] + 1 < _MAX_PREFILL_WAVES:
                 donor, shared = twin, len(prompt) - 1  # at least the last token is computed
@@ -637,7 +692,77 @@ class Engine:
                     moved.setdefault(id(last), (last, last.slot))
                     last.slot = seq.slot
                     self._running[seq.slot] = last
-        self._runner.move_many([(was, s.slot, s.length) for s, was in moved.values() if was != s.slot])
+        moves = [(was, s.slot, s.length) for s, was in moved.values() if was != s.slot]
+        # In the same copy (every source is read before any destination is written), the caches of
+        # ended sequences whose slots the moved ones take go to the slots those leave.
+        self._runner.move_many(moves + self._retain(ended))
+
+    def _retain(self, ended: list[_Sequence]) -> list[tuple[int, int, int]]:
+        """Keep the caches of `ended` (already out of `_running`) as retained entries in the free slots
+        above the running ones, and return the moves that put them there. A cache that another
+        retained one (same adapter) already holds as a prefix of its own is not kept twice (a group
+        of identical greedy rollouts), and one it contains is replaced. Only slots the cache already
+        has are used: retaining never allocates."""
+        k = self.prefix_min_tokens
+        capacity = self._runner.slot_capacity()
+        if not (self.retain_prefixes and k and capacity) or self._updates:
+            return []  # a pending update would drop them before anyone could copy from them
+        by_key: dict[tuple[str | None, tuple[int, ...]], list[_Retained]] = {}
+        for entry in self._retained:
+            by_key.setdefault(entry.key, []).append(entry)
+        dropped: set[int] = set()
+        added: list[_Retained] = []
+        self._clock += 1
+        for seq in ended:
+            tokens = (seq.prompt + seq.tokens)[: seq.length]
+            if len(tokens) < k:
+                continue
+            key = (seq.adapter, tuple(tokens[:k]))
+            same = by_key.setdefault(key, [])
+            holder = next((e for e in same if e.tokens[: len(tokens)] == tokens), None)
+            if holder is not None:
+                holder.used = self._clock
+                continue
+            for entry in [e for e in same if tokens[: len(e.tokens)] == e.tokens]:
+                same.remove(entry)
+                dropped.add(id(entry))
+            entry = _Retained(tokens, seq.adapter, seq.slot, self._clock, key)
+            same.append(entry)
+            added.append(entry)
+        kept = [e for e in (*self._retained, *added) if id(e) not in dropped]
+        active = len(self._running)
+        taken = {e.slot for e in kept if e.slot >= active}
+        free = (slot for slot in range(active, capacity) if slot not in taken)
+        moves: list[tuple[int, int, int]] = []
+        self._retained = []
+        for entry in kept:
+            if entry.slot < active:  # a running sequence moves into its slot now
+                target = next(free, None)
+                if target is None:
+                    continue
+                moves.append((entry.slot, target, len(entry.tokens)))
+                entry.slot = target
+            self._retained.append(entry)
+        return moves
+
+    def _make_room(self, active: int) -> list[tuple[int, int, int]]:
+        """Clear slots `0..active-1` of retained caches before the running sequences grow into them:
+        the most recently used that fit in the free slots above move there, the others are evicted.
+        Returns the moves (to run in one copy with the admission's prefix copies)."""
+        if all(e.slot >= active for e in self._retained):
+            return []
+        room = max(0, self._runner.slot_capacity() - active)
+        kept = sorted(self._retained, key=lambda e: e.used, reverse=True)[:room]
+        taken = {e.slot for e in kept if e.slot >= active}
+        free = (slot for slot in range(active, active + room) if slot not in taken)
+        moves: list[tuple[int, int, int]] = []
+        for entry in kept:
+            if entry.slot < active:
+                target = next(free)
+                moves.append((entry.slot, target, len(entry.tokens)))
+                entry.slot = target
+        self._retained = kept
+        return moves
 
     def _deliver(self, events: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, tuple[str, Any]]]] = {}
@@ -655,11 +780,20 @@ def _put_all(items: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    """The length of the common prefix of `a` and `b` (at most `limit`), by bisecting with slice
+    comparisons: the planner compares each newcomer with every donor that shares its first tokens,
+    and a token-by-token Python loop over long shared prompts cost more than the comparisons."""
     n = min(len(a), len(b), limit)
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def _set_result(future: asyncio.Future[None]) -> None:

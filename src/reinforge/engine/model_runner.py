@@ -102,6 +102,11 @@ class ModelRunner(Protocol):
         """The module paths an adapter may adapt (empty: this runner serves no adapters)."""
         ...
 
+    def slot_capacity(self) -> int:
+        """Slots the cache holds now. Those above the running sequences may keep finished sequences'
+        caches for later prompts to copy (0: this runner keeps no KV worth keeping)."""
+        ...
+
     def set_adapters(self, adapters: Mapping[str, Adapter]) -> None:
         """Serve exactly these adapters from now on (the runner keeps its own copies)."""
         ...
@@ -238,6 +243,9 @@ class SlotCacheRunner:
 
     def lora_modules(self) -> frozenset[str]:
         return frozenset(self._paths)
+
+    def slot_capacity(self) -> int:
+        return self._slot_cap
 
     def set_adapters(self, adapters: Mapping[str, Adapter]) -> None:
         built: dict[str, list[_LayerLora]] = {}
@@ -550,6 +558,10 @@ class RecomputeRunner:
     def lora_modules(self) -> frozenset[str]:
         """None: adapters are served on the fast path only (the engine refuses them here)."""
         return frozenset()
+
+    def slot_capacity(self) -> int:
+        """0: every step recomputes from the tokens, so a finished sequence's state saves nothing."""
+        return 0
 
     def set_adapters(self, adapters: Mapping[str, Adapter]) -> None:
         if adapters:

@@ -156,6 +156,8 @@ class EngineSettings(BaseModel):
             Off by default: on a machine with few cores the CPU, not the lock, is what runs out, and
             a third busy process slows the step (docs/training.md); it is for machines with cores
             to spare.
+        retain_prefixes: keep finished calls' KV caches in free slots so a later prompt that extends
+            one (an agent's next call, another request on the same schema) copies it (docs/engine.md).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -163,6 +165,7 @@ class EngineSettings(BaseModel):
     max_batch_size: int = Field(default=64, ge=1)
     max_seq_len: int = Field(default=512, ge=16)
     process: bool = False
+    retain_prefixes: bool = True
 
 
 class ScheduleSettings(BaseModel):

@@ -88,7 +88,8 @@ class MetricsLog:
 
 
 def plot_reward_curve(records: list[dict[str, Any]], out: Path, title: str = "reinforge training") -> Path:
-    """Training reward per step, and held-out success where validation ran, as a PNG."""
+    """Training reward per step, and held-out success (and mean reward, when rewards are graded)
+    where validation ran, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display needed; must precede pyplot's import
@@ -99,9 +100,12 @@ def plot_reward_curve(records: list[dict[str, Any]], out: Path, title: str = "re
         raise InvalidRequestError("no training steps recorded yet: nothing to plot")
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([s for s, _ in train], [v for _, v in train], label="train reward (sampled)", alpha=0.6)
+    # A graded reward (an F1) differs from the success rate: then its mean is the held-out figure too.
+    graded = any(r.get("val/reward", r.get("val/success")) != r.get("val/success") for r in records)
     for key, label in (
         ("val/success", "held-out success (sampled)"),
         ("val/greedy_success", "held-out (greedy)"),
+        *([("val/reward", "held-out mean reward (sampled)")] if graded else []),
     ):
         points = [(r["step"], r[key]) for r in records if key in r]
         if points:

@@ -65,6 +65,7 @@ class RolloutStack:
             tokenizer,
             max_batch_size=engine.max_batch_size,
             max_seq_len=engine.max_seq_len,
+            retain_prefixes=engine.retain_prefixes,
             policy_version=policy_version,
             seed=seed,
         )
