@@ -129,7 +129,9 @@ async def test_cpu_prefix_sharing_stays_within_an_adapter(
     tokenizer: PreTrainedTokenizerFast,
     make_engine: Callable[..., Engine],
 ) -> None:
-    engine = make_engine(copy.deepcopy(llama), tokenizer, max_batch_size=8, prefix_min_tokens=4, retain_prefixes=False)
+    engine = make_engine(
+        copy.deepcopy(llama), tokenizer, max_batch_size=8, prefix_min_tokens=4, retain_prefixes=False
+    )
     await engine.load_weights(adapter_state(peft_model, ["alpha", "beta"]), version=1)
     prompt = [
         tokenizer.bos_token_id,

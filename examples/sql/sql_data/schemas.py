@@ -689,10 +689,7 @@ def _renamed(domain: Domain, k: int, banned: frozenset[str]) -> Domain:
 
 def _with_renamed_copies(domains: dict[str, Domain], held_out: tuple[str, ...]) -> dict[str, Domain]:
     banned = frozenset(
-        name
-        for d in held_out
-        for t in domains[d].tables
-        for name in (t.name, *(c.name for c in t.columns))
+        name for d in held_out for t in domains[d].tables for name in (t.name, *(c.name for c in t.columns))
     )
     copies = {
         f"{d.name}_r{k}": _renamed(d, k, banned)

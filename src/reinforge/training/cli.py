@@ -83,6 +83,7 @@ def sft_command(
         cfg = load_run_config(config)
         if steps is not None and cfg.warm_start is not None:
             cfg.warm_start.sft.steps = steps
+
         def progress(step: int, loss: float) -> None:
             if step % 200 == 0:
                 typer.echo(f"sft step {step}: loss {loss:.4f}")
