@@ -239,14 +239,9 @@ def load_dataset(spec: str, base_dir: Path) -> list[dict[str, Any]]:
             else json.loads(text)
         )
     else:
-        module_name, sep, attr = spec.partition(":")
-        if not sep:
+        if ":" not in spec:
             raise InvalidRequestError(f"dataset {spec!r}: use 'module:function' or a .jsonl/.json file")
-        _importable(base_dir)
-        try:
-            obj: Any = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise InvalidRequestError(f"cannot load dataset {spec!r}: {exc}") from exc
+        obj = load_callable(spec, base_dir, what="dataset")
         items = obj() if callable(obj) else obj
     if not isinstance(items, list) or not all(isinstance(t, dict) for t in items):
         raise InvalidRequestError(f"dataset {spec!r} must be a list of JSON objects (dicts)")
