@@ -10,5 +10,15 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[dev,frameworks]"
+.venv/bin/python -m pip install -q -e ".[dev,frameworks,ray,wandb,mlflow]"
 .venv/bin/python -m pip check
+# tests/dashboard drive Debian's chromium through Playwright (never `playwright install`): installed
+# here when missing, as root; otherwise say so (those tests fail, not skip, without a browser).
+if ! command -v chromium >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "setup: chromium is not installed and this is not root: run 'apt-get install chromium' as root" \
+      "(tests/dashboard need it)" >&2
+  fi
+fi

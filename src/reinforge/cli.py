@@ -8,7 +8,19 @@ import typer
 from reinforge.demo.cli import demo_command
 from reinforge.runner.cli import runner_command
 from reinforge.store.cli import store_app
+from reinforge.store.gateway_mount import GatewayBackendOptions, MountedGateway, use_gateway_builder
+from reinforge.store.protocol import Store
 from reinforge.training.cli import sft_command, train_command
+
+
+def _standalone_gateway(store: Store, secret: str, options: GatewayBackendOptions) -> MountedGateway:
+    """`store serve`'s gateway (the store layer can't import the gateway; this file joins them)."""
+    from reinforge.gateway.standalone import build_standalone_gateway
+
+    return build_standalone_gateway(store, secret, options)
+
+
+use_gateway_builder(_standalone_gateway)
 
 app = typer.Typer(no_args_is_help=True, help="Train any AI agent with reinforcement learning.")
 app.add_typer(store_app, name="store")

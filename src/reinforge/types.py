@@ -11,9 +11,9 @@ import os
 import time
 import uuid
 from enum import Enum
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 T = TypeVar("T")
 
@@ -22,6 +22,30 @@ MAX_PAGE_SIZE = 1000
 
 MAX_STORED_INT = 2**63 - 1
 """The largest integer a column can hold (SQL BIGINT); larger ids and offsets are bad input."""
+
+
+NO_NUL = r"^[^\x00]*$"
+"""Ids and names are looked up by equality in every backend, and PostgreSQL text can't hold NUL:
+the published schema says so, so that a client generated from it never sends one."""
+_NO_NUL_DOC: dict[str, Any] = {"pattern": NO_NUL}
+"""The same, in the schema only, where the store refuses NUL itself with a clearer message
+(`store.rules.check_text`)."""
+
+
+def _integral(value: object) -> object:
+    """JSON Schema's integer is any number without a fraction, `3.0` included (Python's `json`
+    writes integral floats that way); anything else, booleans and strings too, is left for the
+    strict int check to refuse."""
+    if type(value) is float and value.is_integer():
+        return int(value)
+    return value
+
+
+INTEGRAL = BeforeValidator(_integral)
+JsonInt = Annotated[int, INTEGRAL]
+"""An integer field read as JSON Schema reads one: `3` and `3.0` pass, `true` and `"3"` don't (with
+`strict=True` on the field). Optional ones spell it `Annotated[int, Field(...), INTEGRAL] | None`,
+the bounds inside: pydantic would otherwise write them into the JSON schema as `ge`/`le`."""
 
 
 def new_id() -> str:
@@ -114,13 +138,13 @@ class AttemptStatus(str, Enum):
 class RolloutSpec(_Model):
     """What a caller gives to enqueue one rollout. Giving `rollout_id` makes enqueueing idempotent."""
 
-    rollout_id: str | None = Field(default=None, min_length=1, max_length=128)
+    rollout_id: str | None = Field(default=None, min_length=1, max_length=128, json_schema_extra=_NO_NUL_DOC)
     task: dict[str, Any] = Field(default_factory=dict, description="The dataset item, as JSON.")
-    task_id: str | None = Field(default=None, max_length=128)
+    task_id: str | None = Field(default=None, max_length=128, json_schema_extra=_NO_NUL_DOC)
     mode: RolloutMode = RolloutMode.train
-    group_id: str | None = Field(default=None, max_length=128)
-    resources_version: int | None = Field(default=None, ge=0, le=MAX_STORED_INT, strict=True)
-    max_attempts: int = Field(default=3, ge=1, le=100, strict=True)
+    group_id: str | None = Field(default=None, max_length=128, json_schema_extra=_NO_NUL_DOC)
+    resources_version: Annotated[int, Field(ge=0, le=MAX_STORED_INT, strict=True), INTEGRAL] | None = None
+    max_attempts: JsonInt = Field(default=3, ge=1, le=100, strict=True)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -171,10 +195,12 @@ class AttemptOutcome(_Model):
     """How a runner reports the end of an attempt."""
 
     status: Literal[AttemptStatus.succeeded, AttemptStatus.failed, AttemptStatus.cancelled]
-    reward: float | None = None
+    reward: float | None = Field(default=None, strict=True)  # `true` is not a reward
     error: str | None = Field(default=None, max_length=65536)
     retryable: bool = Field(
-        default=True, description="A failed attempt is retried (up to max_attempts) only when retryable."
+        default=True,
+        strict=True,  # `0` is not a yes or no
+        description="A failed attempt is retried (up to max_attempts) only when retryable.",
     )
 
 
@@ -201,7 +227,7 @@ class SpanStatus(_Model):
 
 class SpanEvent(_Model):
     name: str
-    timestamp: float
+    timestamp: float = Field(strict=True)
     attributes: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -215,16 +241,16 @@ class Span(_Model):
     span_id: str = Field(default_factory=new_span_id, pattern=r"^[0-9a-f]{16}$")
     trace_id: str = Field(default_factory=new_ordered_id, pattern=r"^[0-9a-f]{32}$")
     parent_id: str | None = Field(default=None, pattern=r"^[0-9a-f]{16}$")
-    rollout_id: str = Field(min_length=1, max_length=128)
-    attempt_id: str = Field(min_length=1, max_length=128)
-    name: str = Field(min_length=1, max_length=512)
+    rollout_id: str = Field(min_length=1, max_length=128, json_schema_extra=_NO_NUL_DOC)
+    attempt_id: str = Field(min_length=1, max_length=128, json_schema_extra=_NO_NUL_DOC)
+    name: str = Field(min_length=1, max_length=512, json_schema_extra=_NO_NUL_DOC)
     kind: SpanKind = SpanKind.internal
-    start_time: float = Field(default_factory=now)
-    end_time: float | None = None
+    start_time: float = Field(default_factory=now, strict=True)
+    end_time: float | None = Field(default=None, strict=True)
     attributes: dict[str, Any] = Field(default_factory=dict)
     status: SpanStatus = Field(default_factory=SpanStatus)
     events: list[SpanEvent] = Field(default_factory=list)
-    sequence: int | None = Field(
+    sequence: Annotated[int, Field(ge=0, strict=True), INTEGRAL] | None = Field(
         default=None, description="Order of arrival within the store, assigned by the store on insert."
     )
 
@@ -254,31 +280,35 @@ class Page(_Model, Generic[T]):
 
 class _Query(_Model):
     # Strict: pydantic's lax mode reads `true` as 1, and a boolean page offset is bad input.
-    limit: int = Field(default=100, ge=1, le=MAX_PAGE_SIZE, strict=True)
-    offset: int = Field(default=0, ge=0, le=MAX_STORED_INT, strict=True)
+    limit: JsonInt = Field(default=100, ge=1, le=MAX_PAGE_SIZE, strict=True)
+    offset: JsonInt = Field(default=0, ge=0, le=MAX_STORED_INT, strict=True)
+
+
+Filter = Annotated[str, Field(pattern=NO_NUL)]
+"""A text filter: compared by equality, so it holds what a stored id or name can hold."""
 
 
 class RolloutQuery(_Query):
-    rollout_ids: list[str] | None = None
+    rollout_ids: list[Filter] | None = None
     statuses: list[RolloutStatus] | None = None
     mode: RolloutMode | None = None
-    group_id: str | None = None
-    task_id: str | None = None
+    group_id: Filter | None = None
+    task_id: Filter | None = None
 
 
 class AttemptQuery(_Query):
-    rollout_id: str | None = None
-    runner_id: str | None = None
+    rollout_id: Filter | None = None
+    runner_id: Filter | None = None
     statuses: list[AttemptStatus] | None = None
 
 
 class SpanQuery(_Query):
-    rollout_id: str | None = None
-    rollout_ids: list[str] | None = Field(default=None, max_length=MAX_PAGE_SIZE)
+    rollout_id: Filter | None = None
+    rollout_ids: list[Filter] | None = Field(default=None, max_length=MAX_PAGE_SIZE)
     """Spans of any of these rollouts (with `rollout_id` too, of both): one read for a batch."""
-    attempt_id: str | None = None
-    name: str | None = None
-    trace_id: str | None = None
+    attempt_id: Filter | None = None
+    name: Filter | None = Field(default=None, min_length=1)
+    trace_id: Filter | None = None
 
     @field_validator("name")
     @classmethod

@@ -129,17 +129,22 @@ def test_fit_runs_agents_in_runner_processes(tokenizer: Any, tmp_path: Path, mon
     assert sum(leased) == 16
 
 
-def test_a_dead_runner_process_fails_the_step_at_once(tokenizer: Any, tmp_path: Path) -> None:
+def test_a_runner_process_in_a_crash_loop_stops_the_run_at_once(tokenizer: Any, tmp_path: Path) -> None:
+    """One death is restarted (tests/chaos); a child that dies again and again stops the run."""
     trainer = Trainer(
         small_model(tokenizer),
         tokenizer,
         algorithm=GRPO(group_size=2),
         config=config(
-            tmp_path, runners={"processes": 1, "concurrency": 2}, rollouts={"step_timeout_s": 300.0}
+            tmp_path,
+            runners={"processes": 1, "concurrency": 2, "crash_loop_deaths": 2},
+            rollouts={"step_timeout_s": 300.0},
         ),
     )
     began = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"runner process 0 \(pid \d+\) exited with code 3"):
+    with pytest.raises(
+        RuntimeError, match=r"runner process 0 \(pid \d+\) died 2 times within 60 s \(last exit code 3\)"
+    ):
         trainer.fit(process_agents.exiting_agent, TRAIN)
     assert time.monotonic() - began < 120  # not the step timeout
 

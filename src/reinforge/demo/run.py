@@ -24,6 +24,7 @@ from reinforge.demo.tasks import train_tasks, val_tasks
 from reinforge.demo.warm_start import SHIPPED_WARM_START, WarmStartConfig, build_warm_start, load_warm_start
 from reinforge.training.config import (
     CheckpointSettings,
+    ComputeSettings,
     EngineSettings,
     OptimSettings,
     RolloutSettings,
@@ -58,6 +59,8 @@ class DemoSettings(BaseModel):
     Python then runs beside the trainer's, and more steps fit in the budget (docs/training.md)."""
     seed: int = 0
     progress: bool = True
+    compute: ComputeSettings = Field(default_factory=ComputeSettings)
+    """The update's and the engine's device and precision (`benchmarks/gpu/train_calc_gpu.py` sets CUDA)."""
 
 
 @dataclass
@@ -131,6 +134,7 @@ def run_demo(settings: DemoSettings | None = None, console: Console | None = Non
                 max_steps=settings.max_steps, max_minutes=settings.minutes, val_every=settings.val_every
             ),
             checkpoints=CheckpointSettings(every=settings.checkpoint_every),
+            compute=settings.compute,
         ),
     )
     fit = trainer.fit(calc_agent, train_tasks(seed=settings.seed), val_tasks(settings.val_size))

@@ -2,6 +2,15 @@
 
 from reinforge.engine.engine import Engine, EngineDelta, EngineOutput
 from reinforge.engine.errors import EngineError, EngineStoppedError
-from reinforge.engine.process import EngineProcess
+from reinforge.engine.process import EngineProcess, EngineProcessDiedError, EngineRestartPolicy
 
-__all__ = ["Engine", "EngineDelta", "EngineError", "EngineOutput", "EngineProcess", "EngineStoppedError"]
+__all__ = [
+    "Engine",
+    "EngineDelta",
+    "EngineError",
+    "EngineOutput",
+    "EngineProcess",
+    "EngineProcessDiedError",
+    "EngineRestartPolicy",
+    "EngineStoppedError",
+]

@@ -10,13 +10,16 @@ What crosses the pipe: requests (prompt ids, sampling; those a loop pass makes t
 a step's released calls do), results (`EngineOutput`, stream deltas; batched the same way),
 and weight updates (a few bytes naming a buffer both processes map, `_SharedWeights`; a path to
 a safetensors file is passed as it is). Requests, results and the child's errors keep their types.
-If the child dies, every pending and later call fails with `EngineError`; if the parent dies,
-the child sees its pipe close and exits.
+If the child dies, every pending call fails with `EngineError` (`EngineProcessDiedError`); with an
+`EngineRestartPolicy` the parent then starts a new child serving the weights of the last version it
+published, and calls made meanwhile wait for it (only a crash loop leaves the engine failed); without
+one, later calls fail too. If the parent dies, the child sees its pipe close and exits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import itertools
 import logging
@@ -28,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
@@ -37,15 +41,38 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from reinforge.engine.adapters import LORA_PREFIX
 from reinforge.engine.engine import Engine, EngineDelta, EngineOutput
 from reinforge.engine.errors import EngineError, EngineStoppedError
-from reinforge.engine.weights import WeightsSource
+from reinforge.engine.weights import WeightsSource, apply_state_dict, read_state_dict
 from reinforge.errors import InvalidRequestError
 from reinforge.inference.contract import SamplingParams
 
 logger = logging.getLogger(__name__)
 
 _START_TIMEOUT_S = 180.0
+_PUBLISH_TRIES = 3
+"""A weight update cut off by the child's death is sent again to its successor this often at most."""
+
+
+class EngineProcessDiedError(EngineError):
+    """The engine's child process died while the call ran; the call may be retried (a restarted
+    child serves it when the engine has an `EngineRestartPolicy`)."""
+
+
+@dataclass(frozen=True)
+class EngineRestartPolicy:
+    """Whether and how a dead engine child is replaced.
+
+    Each death starts a new child (after `backoff_s`, doubled per earlier death in the window);
+    `crash_loop_deaths` deaths within `crash_loop_window_s` leave the engine failed instead, with
+    the exit codes in its error.
+    """
+
+    backoff_s: float = 0.2
+    max_backoff_s: float = 10.0
+    crash_loop_deaths: int = 4
+    crash_loop_window_s: float = 120.0
 
 
 @dataclass
@@ -67,10 +94,21 @@ class EngineProcess:
         *,
         policy_version: int = 0,
         torch_threads: int | None = None,
+        restarts: EngineRestartPolicy | None = None,
         **engine_kwargs: Any,
     ) -> None:
+        """`restarts`: replace a dead child (see `EngineRestartPolicy`). The parent then keeps `model`
+        (it becomes the engine's: pass a copy you do not update) and applies each published version
+        to it, so a new child starts from the weights last served."""
         self.tokenizer = tokenizer
         self._model: torch.nn.Module | None = model
+        self._restarts = restarts
+        self._adapters: dict[str, dict[str, torch.Tensor]] = {}  # adapter name -> its lora/... tensors
+        self._deaths: collections.deque[tuple[float, int | None]] = collections.deque()
+        self._serving = threading.Event()
+        self._replacing = False
+        self.restarted = 0
+        """Children started to replace a dead one."""
         self._kwargs = {**engine_kwargs, "policy_version": policy_version}
         self._threads = torch_threads or torch.get_num_threads()
         self._version = policy_version
@@ -104,6 +142,13 @@ class EngineProcess:
     def pid(self) -> int | None:
         return self._process.pid if self._process is not None else None
 
+    @property
+    def failure(self) -> EngineError | None:
+        """Why the engine cannot serve any more (its child died and is not being replaced), or None."""
+        if self._serving.is_set() or self._replacing or self._stopping:
+            return None
+        return self._failure
+
     def start(self) -> EngineProcess:
         """Start the child and wait until its engine is ready (seconds: it imports torch). Calls
         made before it start the child themselves, blocking their event loop meanwhile."""
@@ -114,7 +159,7 @@ class EngineProcess:
                 self._spawn()
         return self
 
-    def _spawn(self) -> None:
+    def _spawn(self, adapters: Mapping[str, torch.Tensor] | None = None) -> None:
         ours, theirs = socket.socketpair()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         # A plain child (not multiprocessing's spawn): the caller's script is not re-imported, so it
@@ -129,7 +174,10 @@ class EngineProcess:
         conn = Connection(ours.detach())
         try:
             conn.send_bytes(
-                pickle.dumps((self._model, self.tokenizer, self._kwargs, self._threads), protocol=5)
+                pickle.dumps(
+                    (self._model, self.tokenizer, self._kwargs, self._threads, dict(adapters or {})),
+                    protocol=5,
+                )
             )
             if not conn.poll(_START_TIMEOUT_S):
                 raise EngineError(f"the engine process did not start within {_START_TIMEOUT_S:.0f} s")
@@ -148,11 +196,76 @@ class EngineProcess:
             conn.close()
             process.wait(10)
             raise payload
-        self._model = None  # the child has its copy; the caller's model is not kept alive here
+        if self._restarts is None:
+            self._model = None  # the child has its copy; the caller's model is not kept alive here
         self._fast_path = bool(payload["fast_path"])
         self._conn, self._process = conn, process
         self._reader = threading.Thread(target=self._read, name="reinforge-engine-reader", daemon=True)
+        self._failure = None
+        self._serving.set()
         self._reader.start()
+
+    def _replace(self, code: int | None) -> bool:
+        """Start a child in place of the dead one (on the old reader's thread); False when the
+        deaths make a crash loop, or the new child fails to start."""
+        policy = self._restarts
+        assert policy is not None
+        now = time.monotonic()
+        self._deaths.append((now, code))
+        while self._deaths and self._deaths[0][0] < now - policy.crash_loop_window_s:
+            self._deaths.popleft()
+        if len(self._deaths) >= policy.crash_loop_deaths:
+            codes = ", ".join(str(c) for _, c in self._deaths)
+            self._failure = EngineProcessDiedError(
+                f"the engine process died {len(self._deaths)} times within "
+                f"{policy.crash_loop_window_s:.0f} s (exit codes {codes}); it is not restarted again"
+            )
+            logger.error("%s", self._failure)
+            return False
+        time.sleep(min(policy.max_backoff_s, policy.backoff_s * 2 ** (len(self._deaths) - 1)))
+        with self._start_lock:
+            if self._stopping:
+                return False
+            self._kwargs["policy_version"] = self._version
+            self._shared = _SharedWeights()  # the old buffer's name is gone: the child maps a new one
+            adapters = {k: v for tensors in self._adapters.values() for k, v in tensors.items()}
+            try:
+                self._spawn(adapters)
+            except BaseException as exc:
+                self._failure = EngineProcessDiedError(f"the engine process could not be restarted: {exc}")
+                logger.error("%s", self._failure)
+                return False
+        self.restarted += 1
+        logger.warning(
+            "the engine process was restarted (pid %s) at policy version %s", self.pid, self._version
+        )
+        return True
+
+    def _remember(self, state: Mapping[str, torch.Tensor], version: int) -> None:
+        """Apply a published update to the model a replacement child would start from (under the
+        lock a replacement is started under, so it never pickles a half-applied update)."""
+        with self._start_lock:
+            self._apply_to_image(state)
+            self._version = version
+
+    def _apply_to_image(self, state: Mapping[str, torch.Tensor]) -> None:
+        assert self._model is not None
+        base = {k: v for k, v in state.items() if not k.startswith(LORA_PREFIX)}
+        apply_state_dict(self._model, base)
+        named: dict[str, dict[str, torch.Tensor]] = {}
+        for key, tensor in state.items():
+            if key.startswith(LORA_PREFIX):
+                adapter = key[len(LORA_PREFIX) :].partition("/")[0]
+                named.setdefault(adapter, {})[key] = tensor.detach().clone()
+        self._adapters.update(named)  # an adapter named in an update is replaced whole
+
+    async def _until_serving(self) -> None:
+        """Wait while a replacement child starts (calls made meanwhile are served by it)."""
+        if self._serving.is_set() or self._restarts is None:
+            return
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while self._replacing and not self._stopping and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
 
     def stop(self, timeout: float = 30.0) -> None:
         """Stop the child; pending requests fail with EngineStoppedError."""
@@ -186,6 +299,7 @@ class EngineProcess:
     ) -> EngineOutput:
         """Generate one completion (with LoRA `adapter`, as `Engine.generate`); cancelling the
         awaiting task frees the request's slot."""
+        await self._until_serving()
         call_id, call = self._open(prompt_ids, sampling, streaming=False, adapter=adapter)
         finished = False
         try:
@@ -202,6 +316,7 @@ class EngineProcess:
         self, prompt_ids: list[int], sampling: SamplingParams | None = None, adapter: str | None = None
     ) -> AsyncIterator[EngineDelta | EngineOutput]:
         """Deltas as the child produces them, then the EngineOutput (as `Engine.stream`)."""
+        await self._until_serving()
         call_id, call = self._open(prompt_ids, sampling, streaming=True, adapter=adapter)
         finished = False
         try:
@@ -219,9 +334,28 @@ class EngineProcess:
             self._close(call_id, cancel=not finished)
 
     async def load_weights(self, weights: WeightsSource, version: int) -> None:
-        """Swap in new weights between steps, as `Engine.load_weights` (the child applies them)."""
+        """Swap in new weights between steps, as `Engine.load_weights` (the child applies them).
+
+        With an `EngineRestartPolicy`, an update cut off by the child's death is sent to its replacement."""
         if version < 0:
             raise InvalidRequestError("policy version must be >= 0")
+        for tries_left in range(_PUBLISH_TRIES - 1, -1, -1):
+            await self._until_serving()
+            try:
+                await self._load_weights_once(weights, version)
+                break
+            except EngineProcessDiedError:
+                if self._restarts is None or not tries_left:
+                    raise
+        if self._restarts is None:
+            self._version = version
+            return
+        state = (
+            await asyncio.to_thread(read_state_dict, weights) if isinstance(weights, str | Path) else weights
+        )
+        await asyncio.to_thread(self._remember, state, version)
+
+    async def _load_weights_once(self, weights: WeightsSource, version: int) -> None:
         call_id, call = self._register()
         fresh_file: str | None = None
         shared = False
@@ -246,7 +380,6 @@ class EngineProcess:
             self._close(call_id, cancel=False)
         if kind == "error":
             raise result
-        self._version = version
 
     # ---- plumbing --------------------------------------------------------------------------------
 
@@ -321,7 +454,7 @@ class EngineProcess:
                     return
                 conn.send_bytes(pickle.dumps(batch, protocol=pickle.HIGHEST_PROTOCOL))
         except (OSError, ValueError) as exc:
-            raise self._failure or EngineError(f"the engine process is gone: {exc}") from exc
+            raise self._failure or EngineProcessDiedError(f"the engine process is gone: {exc}") from exc
 
     def _read(self) -> None:
         """The reader thread: hands each batch of results to the callers' loops, one wake-up each."""
@@ -337,9 +470,18 @@ class EngineProcess:
             pass
         if not self._stopping:
             code = self._process.wait() if self._process is not None else None
-            self._failure = EngineError(f"the engine process exited unexpectedly (exit {code})")
+            self._serving.clear()
+            # Set before the pending calls fail, so a retry made at once waits for the replacement.
+            self._replacing = self._restarts is not None
+            self._failure = EngineProcessDiedError(f"the engine process exited unexpectedly (exit {code})")
             logger.error("%s", self._failure)
             self._fail_all(self._failure)
+            if self._replacing:
+                try:
+                    self._replace(code)
+                finally:
+                    self._replacing = False
+                conn.close()
 
     def _fail_all(self, error: EngineError) -> None:
         with self._calls_lock:
@@ -369,9 +511,11 @@ def _put_all(items: list[tuple[_Call, str, Any]]) -> None:
 def _serve(conn: Connection) -> None:
     """The child's main: an engine, an event loop for its calls, and a thread reading the pipe."""
     try:
-        model, tokenizer, kwargs, threads = pickle.loads(conn.recv_bytes())
+        model, tokenizer, kwargs, threads, adapters = pickle.loads(conn.recv_bytes())
         torch.set_num_threads(threads)
         engine = Engine(model, tokenizer, **kwargs).start()
+        if adapters:  # a replacement child: the adapters the dead one served
+            asyncio.run(engine.load_weights(adapters, kwargs["policy_version"]))
     except EOFError:
         return
     except Exception as exc:

@@ -22,7 +22,7 @@ from reinforge.inference.contract import GenerationRequest, SamplingParams
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # types as the published schema says
 
 
 def _as_blocks(content: Any) -> Any:

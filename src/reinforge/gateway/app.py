@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from reinforge.gateway.errors import error_response
 from reinforge.gateway.routes import DEFAULT_MAX_BODY_BYTES, GatewayRoutes
-from reinforge.gateway.service import Gateway
+from reinforge.gateway.service import DEFAULT_MAX_CALLS_PER_ATTEMPT, Gateway
 from reinforge.inference.contract import Backend
 from reinforge.store.protocol import Store
 
@@ -35,6 +35,7 @@ def create_gateway_app(
     max_queued_spans: int = 4096,
     max_span_batch: int = 256,
     span_linger_s: float = 0.05,
+    max_calls_per_attempt: int = DEFAULT_MAX_CALLS_PER_ATTEMPT,
 ) -> FastAPI:
     """The gateway as an ASGI app; its `Gateway` is at `app.state.gateway`.
 
@@ -51,6 +52,7 @@ def create_gateway_app(
         max_queued_spans=max_queued_spans,
         max_span_batch=max_span_batch,
         span_linger_s=span_linger_s,
+        max_calls_per_attempt=max_calls_per_attempt,
     )
     table = GatewayRoutes(gateway).table(max_body_bytes)
 
@@ -78,7 +80,11 @@ def create_gateway_app(
             detail = (
                 f"no route {request.method} {request.url.path}; agents call <gateway>/r/<attempt_id>/v1/..."
             )
-        return error_response(status, str(detail))
+        response = error_response(status, str(detail))
+        allow = getattr(exc, "headers", None)
+        if status == 405 and allow:
+            response.headers.update(allow)  # `Allow`, which RFC 9110 requires with a 405
+        return response
 
     app.add_exception_handler(StarletteHTTPException, http_error)
     return app

@@ -31,6 +31,10 @@ class AttemptState:
     checked_at: float
     trace_id: str
     next_sequence: int = 0
+    admitted: int = 0
+    """LLM calls and reward reports admitted for the attempt (`Gateway.max_calls_per_attempt`)."""
+    refused: int = 0
+    """Those refused because the attempt had used up its calls: it can't finish as succeeded."""
     extra: dict[str, object] = field(default_factory=dict)
     turns: TurnMemory = field(default_factory=TurnMemory)
     """The assistant turns this attempt was answered with (see `gateway.history`)."""
@@ -68,6 +72,10 @@ class AttemptGuard:
                     checked_at=now,
                     trace_id=trace_id_for(attempt.attempt_id),
                 )
+
+    def cached(self, attempt_id: str) -> AttemptState | None:
+        """What is remembered of the attempt, fresh or not (None when nothing is)."""
+        return self._states.get(attempt_id)
 
     def forget(self, attempt_id: str) -> None:
         """Drop the cached state, so the next request reads the store (e.g. after a finish)."""

@@ -26,7 +26,9 @@ MAX_CHOICES = 16
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # Strict: `"temperature": "0.7"` or `"n": true` is a client bug, and the published schema
+    # (gateway/openapi.py) promises numbers there.
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     # Accepted, recorded, and without effect on generation.
     model: str | None = None
@@ -106,7 +108,7 @@ class ResponsesBody(_Body):
 
 
 class RewardBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     reward: float = Field(allow_inf_nan=False)
     final: bool = True

@@ -36,6 +36,7 @@ from reinforge.gateway.formats.anthropic_messages import AnthropicMessages
 from reinforge.gateway.formats.base import Event, merge_choices
 from reinforge.gateway.history import Restored
 from reinforge.gateway.openai_bodies import check_span_owners, finish_body, parse_body, reward_body
+from reinforge.gateway.openapi import OPENAPI_PATH, document_for
 from reinforge.gateway.otlp import OtlpLimits
 from reinforge.gateway.otlp_receiver import TRACES_PATH, OtlpReceiver
 from reinforge.gateway.service import Caller, Gateway
@@ -171,6 +172,7 @@ class GatewayRoutes:
         self.otlp = OtlpReceiver(gateway, otlp_limits)
         texts = getattr(gateway.backend, "token_texts", None)
         self.texts: TokenTexts = texts if callable(texts) else token_id_texts
+        self._openapi = b"{}"
 
     def table(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> RouteTable:
         routes: list[Route] = []
@@ -184,8 +186,15 @@ class GatewayRoutes:
             Route("POST", "/r/{attempt_id}/finish", self.finish),
             Route("POST", "/finish", self.finish_many),
             Route("GET", "/health", self.health),
+            Route("GET", OPENAPI_PATH, self.openapi),
         ]
-        return RouteTable(routes, max_body_bytes=max_body_bytes, on_error=error_for)
+        table = RouteTable(routes, max_body_bytes=max_body_bytes, on_error=error_for)
+        self._openapi = dumps(document_for(table))
+        return table
+
+    async def openapi(self, request: RouteRequest) -> Response:
+        """The gateway's OpenAPI document (see `gateway.openapi`)."""
+        return JSONResponse(self._openapi)
 
     async def _admit(self, request: RouteRequest) -> Caller:
         params = request.path_params

@@ -66,6 +66,11 @@ def parse_traceparent(header: str | None) -> tuple[str, str] | None:
     return trace_id, parent
 
 
+DEFAULT_MAX_CALLS_PER_ATTEMPT = 10_000
+"""LLM calls plus reward reports one attempt may make: far above what an agent's episode needs, low
+enough that an agent stuck in a loop can't fill the store with one attempt's spans."""
+
+
 @dataclass(frozen=True, slots=True)
 class Caller:
     """Who a call comes from: a running attempt, the agent's name, and the caller's trace context."""
@@ -93,9 +98,13 @@ class Gateway:
         max_queued_spans: int = 4096,
         max_span_batch: int = 256,
         span_linger_s: float = 0.05,
+        max_calls_per_attempt: int = DEFAULT_MAX_CALLS_PER_ATTEMPT,
     ) -> None:
         if not secret:
             raise ValueError("the gateway secret must not be empty")
+        if max_calls_per_attempt < 1:
+            raise ValueError("max_calls_per_attempt must be at least 1")
+        self.max_calls_per_attempt = max_calls_per_attempt
         self.store = store
         self.backend = backend
         self._secret = secret
@@ -256,8 +265,8 @@ class Gateway:
             for span in spans:
                 await self.recorder.record(span)
             await self.recorder.flush(attempt_id)
-            final = outcome
-            if outcome.status is AttemptStatus.succeeded and outcome.reward is None:
+            final = self._over_limit(attempt_id, outcome)
+            if final.status is AttemptStatus.succeeded and final.reward is None:
                 final = outcome.model_copy(update={"reward": await self._final_reward(attempt_id)})
             try:
                 return await self.store.finish_attempt(attempt_id, final)
@@ -265,6 +274,18 @@ class Gateway:
                 self.attempts.forget(attempt_id)  # the next call for it reads its final state
 
         return await self._on_loop(finish)
+
+    def _over_limit(self, attempt_id: str, outcome: AttemptOutcome) -> AttemptOutcome:
+        """A succeeded outcome of an attempt that had calls refused (a runaway agent) is recorded as a
+        failure that names the limit: its episode is not what the agent would have done."""
+        state = self.attempts.cached(attempt_id)
+        if state is None or not state.refused or outcome.status is not AttemptStatus.succeeded:
+            return outcome
+        error = (
+            f"the agent went on calling after its {self.max_calls_per_attempt} LLM calls and reward "
+            f"reports (the gateway's max_calls_per_attempt); {state.refused} more were refused"
+        )
+        return AttemptOutcome(status=AttemptStatus.failed, error=error, retryable=False)
 
     async def _final_reward(self, attempt_id: str) -> float | None:
         page = await self.store.query_spans(
@@ -338,6 +359,16 @@ class Gateway:
         self.bind()
         self.check_attempt_token(attempt_id, token)
         state = await self.attempts.require_running(attempt_id)
+        if state.admitted >= self.max_calls_per_attempt:
+            state.refused += 1
+            raise GatewayHTTPError(
+                429,
+                f"attempt {attempt_id!r} has made its {self.max_calls_per_attempt} LLM calls and reward "
+                "reports (the gateway's max_calls_per_attempt); no more are accepted, and the attempt "
+                "will be recorded as failed",
+                code="too_many_calls",
+            )
+        state.admitted += 1
         return Caller(state, agent, parse_traceparent(traceparent))
 
     async def wait_for_policy(self, caller: Caller) -> None:

@@ -14,10 +14,15 @@ Tool calls are parsed from the Hermes/Qwen markup in the text.
 
 Token ids are only ever read from the server's answer (or are the ids we sent); if the server does
 not return them the call fails with UpstreamError rather than re-tokenising text.
+
+During training the trainer's weight sync (`reinforge.training.serving`) moves the backend to each new
+policy version with `serve_version`, while the gateway holds calls: from then on every call names
+that version (and, with LoRA, asks for that version's adapter) and every result carries it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from collections.abc import AsyncIterator
@@ -114,6 +119,10 @@ class UpstreamBackend:
         self.flavor: Flavor = flavor
         self.tokenizer = tokenizer
         self.policy_version = policy_version
+        self.adapter: str | None = None
+        """The LoRA adapter (its name on the server) that serves every call; None: the base model."""
+        self._versions_managed = False
+        """Set by `serve_version`: the trainer's sync decides the version, not the server's report."""
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -145,6 +154,14 @@ class UpstreamBackend:
                     self._http = self._new_http()
                 http = self._http
         return http
+
+    def serve_version(self, version: int, adapter: str | None = None) -> None:
+        """Serve policy `version` from now on, through LoRA `adapter` (loaded on the server under that
+        name) or the base model. Call it while no call is in flight (the gateway paused), so no
+        answer mixes two versions."""
+        self.policy_version = version
+        self.adapter = adapter
+        self._versions_managed = True
 
     async def aclose(self) -> None:
         await self._http.aclose()  # closes the transport's connections too (it stays usable)
@@ -222,7 +239,8 @@ class UpstreamBackend:
 
     def _vllm_payload(self, request: GenerationRequest) -> tuple[str, dict[str, Any]]:
         payload: dict[str, Any] = {
-            "model": self.model_name,
+            # vLLM serves a hot-loaded LoRA adapter under its own model name.
+            "model": self.adapter or self.model_name,
             **self._vllm_sampling(request),
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
@@ -268,6 +286,8 @@ class UpstreamBackend:
             schema = fmt.json_schema if fmt.type == "json_schema" else {"type": "object"}
             params["json_schema"] = json.dumps(schema)
         payload: dict[str, Any] = {"sampling_params": params, "return_logprob": True}
+        if self.adapter is not None:
+            payload["lora_path"] = self.adapter  # SGLang names a loaded adapter in `lora_path`
         if request.messages is not None:
             if self.tokenizer is None or not hasattr(self.tokenizer, "apply_chat_template"):
                 raise UpstreamError(
@@ -374,10 +394,10 @@ class UpstreamBackend:
             if tool_calls and finish == "stop":
                 finish = "tool_calls"
         version = meta.get("weight_version")
-        try:
-            policy_version = int(version) if version is not None else self.policy_version
-        except (TypeError, ValueError):
-            policy_version = self.policy_version
+        policy_version = self.policy_version
+        if not self._versions_managed and version is not None:
+            with contextlib.suppress(TypeError, ValueError):
+                policy_version = int(version)  # a frozen server's own numbering
         return GenerationResult(
             text=text,
             prompt_token_ids=prompt_ids,

@@ -1,7 +1,11 @@
 """`reinforge runner`: run an agent on rollouts from a store until stopped.
 
-    reinforge runner --store http://127.0.0.1:8765 --gateway http://127.0.0.1:8765/gateway \\
-        --gateway-secret "$SECRET" --agent mypkg.agents:solve --concurrency 8
+    REINFORGE_GATEWAY_SECRET="$SECRET" reinforge runner --store http://127.0.0.1:8765 \\
+        --gateway http://127.0.0.1:8765/gateway --agent mypkg.agents:solve --concurrency 8
+
+Pass the secrets in the environment (or let `reinforge store serve`'s join command read them from the
+run folder), not as `--gateway-secret`/`--store-token`: a command line is visible to every user of
+the machine (`ps`).
 
 Ctrl-C / SIGTERM stops leasing and lets running attempts finish; a second one stops them at once (the
 store retries them). With `--exit-with-parent PID` the runner also stops at once when its parent dies
@@ -14,20 +18,27 @@ import asyncio
 import logging
 import os
 import signal
+import socket
 import sys
+import time
 from typing import Annotated
 
 import typer
+from pydantic import ValidationError
 
 from reinforge._event_loop import run_on_fast_loop
-from reinforge.errors import ReinforgeError
+from reinforge.errors import InvalidRequestError, ReinforgeError
 from reinforge.runner.agent import Agent, load_agent
 from reinforge.runner.command import CommandAgent
+from reinforge.runner.ray_runners import RayRunners, RayRunnerSettings
 from reinforge.runner.runner import DEFAULT_MODEL, Runner, RunnerStats
+from reinforge.store.http.client import HttpStoreClient
 from reinforge.types import RolloutMode
 
 PARENT_CHECK_S = 1.0
 """How often a runner started with --exit-with-parent checks that its parent is alive."""
+RAY_STOP_GRACE_S = 30.0
+"""How long Ray runner actors get to finish their running attempts after Ctrl-C / SIGTERM."""
 
 
 def _gateway_url(gateway: str | None, store: str) -> str:
@@ -61,6 +72,8 @@ async def _serve(
         logging.getLogger(__name__).warning("parent process %d is gone; stopping", pid)
         forced = True
         stop.set()
+        if isinstance(runner.store, HttpStoreClient):  # its store went with the parent: don't wait for it
+            runner.store.stop_retrying()
         runner.stop_now(report_once=True)
 
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -72,6 +85,42 @@ async def _serve(
         if watcher is not None:
             watcher.cancel()
         await runner.store.close()
+
+
+def _run_on_ray(
+    settings: RayRunnerSettings,
+    address: str,
+    count: int,
+    cpus_per_runner: float,
+    id_prefix: str,
+    parent_pid: int | None,
+) -> None:
+    """Start the actors, replace dead ones, and stop them on Ctrl-C / SIGTERM (a second one: at once)."""
+    signals: list[int] = []
+    previous = {
+        sig: signal.signal(sig, lambda n, _: signals.append(n)) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    actors = RayRunners(settings, count, address=address, cpus_per_actor=cpus_per_runner, id_prefix=id_prefix)
+    try:
+        actors.start()
+        typer.echo(f"runner actors started on Ray ({address}): {', '.join(actors.runner_ids)}")
+        while not signals and not actors.finished():
+            if parent_pid is not None and os.getppid() != parent_pid:
+                signals.extend([signal.SIGTERM, signal.SIGTERM])
+                break
+            actors.check()
+            time.sleep(PARENT_CHECK_S / 2)
+        # A first signal lets the running attempts finish; a second (or a dead parent) stops them.
+        t = actors.stop(RAY_STOP_GRACE_S, now=len(signals) > 1)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    typer.echo(
+        f"runner done: leased {t.leased}, succeeded {t.succeeded}, failed {t.failed} "
+        f"(timed out {t.timed_out}), stopped {t.stopped}; {count} Ray actors, {t.replaced} replaced"
+    )
+    if len(signals) > 1:
+        raise typer.Exit(130)
 
 
 def runner_command(
@@ -134,6 +183,20 @@ def runner_command(
             help="Stop (as on a second Ctrl-C) once process PID, this one's parent, has died.",
         ),
     ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Run the runners as actors on this Ray cluster (auto, HOST:PORT, ray://HOST:PORT, local).",
+        ),
+    ] = None,
+    num_runners: Annotated[
+        int, typer.Option("--num-runners", min=1, help="With --ray: runner actors, each -n at once.")
+    ] = 1,
+    ray_cpus: Annotated[
+        float, typer.Option("--ray-cpus-per-runner", min=0, help="With --ray: CPUs Ray reserves per actor.")
+    ] = 1.0,
 ) -> None:
     """Lease rollouts from the store and run the agent on them, N at a time."""
     from reinforge.store.factory import open_store
@@ -145,6 +208,35 @@ def runner_command(
         if not gateway_secret:
             raise ReinforgeError("--gateway-secret (or REINFORGE_GATEWAY_SECRET) is required")
         gateway_url = _gateway_url(gateway, store)
+        if ray_address is not None:
+            if not store.startswith(("http://", "https://")):
+                raise ReinforgeError("--ray needs an http(s) --store: the actors reach it over the network")
+            try:
+                ray_settings = RayRunnerSettings.model_validate(
+                    {
+                        "store_url": store,
+                        "store_token": store_token,
+                        "gateway_url": gateway_url,
+                        "gateway_secret": gateway_secret,
+                        "agent": agent,
+                        "agent_cmd": agent_cmd,
+                        "pass_env": pass_env or [],
+                        "concurrency": concurrency,
+                        "model": model,
+                        "timeout_s": timeout_s,
+                        "lease_seconds": lease_seconds,
+                        "mode": mode,
+                        "max_rollouts": max_rollouts,
+                        # The actors import the agent as this process would (on this machine's paths).
+                        "python_path": [os.getcwd(), *(p for p in sys.path if p)],
+                        "instrument_frameworks": instrument_frameworks,
+                    }
+                )
+            except ValidationError as e:
+                raise InvalidRequestError(f"bad runner options for --ray: {e}") from e
+            prefix = runner_id or f"ray-{socket.gethostname()}-{os.getpid()}"
+            _run_on_ray(ray_settings, ray_address, num_runners, ray_cpus, prefix, exit_with_parent)
+            return
         the_agent: Agent | CommandAgent
         if agent_cmd is not None:
             the_agent = CommandAgent(agent_cmd, timeout_s, pass_env=pass_env or ())

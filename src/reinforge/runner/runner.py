@@ -35,7 +35,9 @@ from reinforge.runner.frameworks import instrument_frameworks as hook_frameworks
 from reinforge.runner.gateway_client import GatewayClient
 from reinforge.runner.llm import LLM
 from reinforge.runner.resources import ResourcesCache, model_from_resources
+from reinforge.runner.span_budget import DEFAULT_MAX_SPANS_PER_ATTEMPT, SpanBudget
 from reinforge.semconv import AIR_TIMEOUT, ATTR_AIR_SIGNAL, ATTR_STEP_KIND
+from reinforge.store.http.client import HttpStoreClient
 from reinforge.store.protocol import Store
 from reinforge.tracing import (
     AttemptContext,
@@ -56,6 +58,8 @@ DEFAULT_MODEL = "reinforge-policy"
 FINISH_RETRY_S = 120.0
 """How long a runner keeps retrying an unavailable gateway/store to finish one attempt; after that
 the lease expires and the store retries the rollout."""
+_LEASE_ANSWER_GRACE_S = 5.0
+"""How much longer than its long poll a stopping runner waits for an HTTP lease's answer."""
 SPAN_TIMEOUT = "reinforge.timeout"
 """Written when an attempt times out; it carries the `timeout` AIR signal."""
 
@@ -119,7 +123,12 @@ class Runner:
         lease_batch_wait_s: float = 0.005,
         on_lease: Callable[[list[LeasedRollout]], None] | None = None,
         instrument_frameworks: bool = True,
+        max_spans_per_attempt: int = DEFAULT_MAX_SPANS_PER_ATTEMPT,
     ) -> None:
+        if max_spans_per_attempt < 1:
+            raise InvalidRequestError(
+                f"max_spans_per_attempt must be at least 1, got {max_spans_per_attempt}"
+            )
         if concurrency < 1:
             raise InvalidRequestError(f"concurrency must be at least 1, got {concurrency}")
         if lease_seconds <= 0 or poll_seconds < 0:
@@ -144,6 +153,7 @@ class Runner:
         self.on_lease = on_lease
         # A command agent runs in its own process: hooks in this one would see nothing of it.
         self.instrument_frameworks = instrument_frameworks and not isinstance(self.agent, CommandAgent)
+        self.max_spans_per_attempt = max_spans_per_attempt
         self.stats = RunnerStats()
         self._resources = ResourcesCache(store)
         self._writer: SpanWriter | None = None
@@ -218,9 +228,13 @@ class Runner:
                 )
             )
             await asyncio.wait({lease, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+            if not lease.done() and isinstance(self.store, HttpStoreClient):
+                # Stopping while a lease is in flight over HTTP: the server may grant it after we stop
+                # listening, and those rollouts would wait out their whole lease before a retry. Let
+                # the long poll end (it is short) and run what it brings, as a graceful stop does.
+                await asyncio.wait({lease}, timeout=self.poll_seconds + _LEASE_ANSWER_GRACE_S)
             if not lease.done():
-                # Stopping: in-process stores give up the wait without leasing; over HTTP a lease the
-                # server already granted expires and the store retries it.
+                # In-process stores give up the wait without leasing.
                 lease.cancel()
                 break
             try:
@@ -274,10 +288,11 @@ class Runner:
         if self.instrument_frameworks:
             hook_frameworks()  # the frameworks the agent has imported by now (cheap once all are hooked)
         spans = AttemptSpanBuffer(self._writer)
+        budget = SpanBudget(spans, self.max_spans_per_attempt)
         ctx = AttemptContext(
             rollout_id=rollout.rollout_id,
             attempt_id=attempt_id,
-            sink=spans,
+            sink=budget,
             agent_name=self.agent.name,
             resources=resources.resources,
             resources_version=resources.version,
@@ -289,7 +304,7 @@ class Runner:
         # The lease is kept alive until the finish is reported (flushing can take a while too).
         heartbeat = asyncio.create_task(self._heartbeat(attempt_id, work, state))
         try:
-            await self._complete(work, ctx, state, spans)
+            await self._complete(work, ctx, state, spans, budget)
         finally:
             heartbeat.cancel()
 
@@ -299,10 +314,15 @@ class Runner:
         ctx: AttemptContext,
         state: _AttemptState,
         spans: AttemptSpanBuffer,
+        budget: SpanBudget,
     ) -> None:
         attempt_id = ctx.attempt_id
         try:
             outcome = await self._outcome(work, ctx, state)
+            overrun = budget.overrun_error()
+            if overrun is not None and outcome.status is AttemptStatus.succeeded:
+                # The episode was cut short of its record: it must not be trained on as it stands.
+                outcome = AttemptOutcome(status=AttemptStatus.failed, error=overrun, retryable=False)
         except _Superseded:
             self.stats.stopped += 1
             log.info("attempt %s was cancelled or superseded; its agent was stopped", attempt_id)

@@ -412,7 +412,7 @@ class MemoryStore:
         with self._lock:
             self._check_open()
             if version is None:
-                version = max(self._resources, default=-1) + 1
+                version = rules.next_version(max(self._resources, default=None))
             existing = self._resources.get(version)
             if existing is not None:
                 if existing.resources != content:

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import TypeVar
 
-from reinforge.errors import InvalidRequestError
+from reinforge.errors import ConflictError, InvalidRequestError
 from reinforge.types import (
     MAX_STORED_INT,
     AttemptOutcome,
@@ -72,6 +72,18 @@ def check_version(version: int | None, name: str) -> None:
         raise InvalidRequestError(f"{name} must be an integer, got {version!r}")
     if version is not None and not 0 <= version <= MAX_STORED_INT:
         raise InvalidRequestError(f"{name} must be between 0 and {MAX_STORED_INT}, got {version}")
+
+
+def next_version(latest: int | None) -> int:
+    """The number an auto-numbered resources version gets after `latest` (None: no version yet)."""
+    if latest is None:
+        return 0
+    if latest >= MAX_STORED_INT:
+        raise ConflictError(
+            f"resources version {latest} is the largest a store can hold, so there is no next one; "
+            "put the new resources under an explicit, unused version"
+        )
+    return latest + 1
 
 
 def check_wait_seconds(seconds: float, name: str = "wait_seconds") -> None:

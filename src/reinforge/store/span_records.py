@@ -16,6 +16,7 @@ import math
 import re
 import time
 from dataclasses import dataclass
+from typing import Annotated
 
 import msgspec
 from pydantic import TypeAdapter, ValidationError
@@ -49,7 +50,7 @@ class _SpanIn(msgspec.Struct, forbid_unknown_fields=True):
     attributes: msgspec.Raw = msgspec.Raw(b"{}")
     status: msgspec.Raw = msgspec.Raw(_UNSET_STATUS)
     events: msgspec.Raw = msgspec.Raw(b"[]")
-    sequence: int | None = None
+    sequence: Annotated[int, msgspec.Meta(ge=0)] | None = None  # bounded as `Span.sequence` is
 
 
 class _BatchIn(msgspec.Struct, forbid_unknown_fields=True):

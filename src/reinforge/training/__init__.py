@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from reinforge.training.config import (
         CheckpointSettings,
+        ComputeSettings,
+        DistributedSettings,
         EngineSettings,
         LoraSettings,
         OptimSettings,
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
 
 _WHERE = {
     "CheckpointSettings": "config",
+    "ComputeSettings": "config",
+    "DistributedSettings": "config",
     "EngineSettings": "config",
     "FitResult": "trainer",
     "LoraSettings": "config",
@@ -61,6 +65,8 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "CheckpointSettings",
+    "ComputeSettings",
+    "DistributedSettings",
     "EngineSettings",
     "FitResult",
     "LoraSettings",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -20,10 +21,22 @@ def train_command(
         float | None, typer.Option("--max-minutes", help="Override [trainer.schedule] max_minutes.")
     ] = None,
     fresh: Annotated[bool, typer.Option("--fresh", help="Ignore checkpoints in the run folder.")] = False,
+    nproc: Annotated[
+        int | None,
+        typer.Option(
+            "--nproc", min=1, help="Data-parallel training processes (overrides [trainer.distributed] nproc)."
+        ),
+    ] = None,
 ) -> None:
     """Train an agent as the config file describes; resumes from the run folder's last checkpoint."""
     import torch
 
+    from reinforge.training.distributed import (
+        LAUNCHED_NPROC_ENV,
+        is_follower,
+        launch_local,
+        launched_world,
+    )
     from reinforge.training.run_config import load_dataset, load_model, load_run_config, resolve_agent
     from reinforge.training.trainer import Trainer
 
@@ -37,9 +50,25 @@ def train_command(
         overrides["run_dir"] = run_dir.resolve()
     if fresh:
         overrides["checkpoints"] = {"resume": False}
+    if nproc is None and launched_world() is not None and os.environ.get(LAUNCHED_NPROC_ENV):
+        nproc = int(os.environ[LAUNCHED_NPROC_ENV])  # started by `--nproc` below
+    if nproc is not None:
+        overrides["distributed"] = {"nproc": nproc}
     try:
         torch.set_num_threads(1)
         cfg = load_run_config(config, overrides)
+        processes = cfg.trainer.distributed.nproc
+        if processes > 1 and launched_world() is None:
+            # Start the processes (torchrun's launcher) and let them run this same command.
+            again = ["train", str(config.resolve())]
+            again += ["--run-dir", str(run_dir.resolve())] if run_dir is not None else []
+            again += ["--max-steps", str(max_steps)] if max_steps is not None else []
+            again += ["--max-minutes", str(max_minutes)] if max_minutes is not None else []
+            again += ["--fresh"] if fresh else []
+            code = launch_local(processes, again)
+            if code:
+                typer.echo(f"error: a training process failed (exit code {code}); see above", err=True)
+            raise typer.Exit(code)
         agent = resolve_agent(cfg)
         train = load_dataset(cfg.data.train, cfg.base_dir)
         val = load_dataset(cfg.data.val, cfg.base_dir) if cfg.data.val else []
@@ -51,6 +80,8 @@ def train_command(
     except ReinforgeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
+    if is_follower():  # rank 0 reports the run
+        return
     summary = "  ".join(f"{k}={v:.3f}" for k, v in result.val_after.items())
     typer.echo(f"trained {result.steps} steps (policy v{result.policy_version}); {summary}")
     typer.echo(f"run folder: {result.run_dir}")

@@ -4,7 +4,8 @@
 concern, each handed as an object to the part that uses it: `optim` to the `Policy`, `engine` to the
 serving stack, `runners` to its start, `schedule` to the rollout scheduler. In a TOML run file the
 groups are sub-tables of `[trainer]`: `[trainer.optim]`, `[trainer.rollouts]`, `[trainer.runners]`,
-`[trainer.engine]`, `[trainer.schedule]`, `[trainer.checkpoints]`, `[trainer.store]`.
+`[trainer.engine]`, `[trainer.schedule]`, `[trainer.checkpoints]`, `[trainer.store]`,
+`[trainer.compute]`, `[trainer.distributed]`, `[trainer.serve]`, `[trainer.logging]`.
 
 A setting written the old, flat way (`learning_rate` directly under `[trainer]`) is refused with the
 place it moved to, instead of being silently ignored or guessed.
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+from reinforge.training.metric_sinks.settings import LoggingSettings
 
 _ROLE_NAME = re.compile(r"[A-Za-z0-9_-]+")
 
@@ -116,6 +119,47 @@ class RolloutSettings(BaseModel):
     step_timeout_s: float = Field(default=600.0, gt=0)
 
 
+class RaySettings(BaseModel):
+    """Runner actors on a Ray cluster (`reinforge.runner.ray_runners`), each leasing from the run's
+    store over HTTP; a dead actor's attempts retry through their leases.
+
+    Attributes:
+        address: the cluster: "auto" (the one `ray start` began on this machine), "HOST:PORT" of its
+            head, or "ray://HOST:PORT" (Ray Client). The actors must reach the trainer's store, so a
+            cluster beyond this machine needs `serve` on an interface it can reach.
+        actors: runner actors to start; each runs up to `runners.concurrency` attempts at once.
+        cpus_per_actor: the CPUs Ray reserves for each actor (it places them by this).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    address: str = "auto"
+    actors: int = Field(default=2, ge=1)
+    cpus_per_actor: float = Field(default=1.0, ge=0)
+
+
+class ServeSettings(BaseModel):
+    """Serve the run's store and gateway where runners on other machines can join.
+
+    The store token and the gateway secret come from `$REINFORGE_STORE_TOKEN` and
+    `$REINFORGE_GATEWAY_SECRET` when set, else from `<run_dir>/store.token` and
+    `<run_dir>/gateway.secret` (made with mode 0600); neither is ever put on a command line. The
+    trainer prints the `reinforge runner` command that joins, reading both into its environment.
+
+    Attributes:
+        host: the interface to bind ("0.0.0.0": every interface).
+        port: the port (0: any free one).
+        public_url: the URL runners elsewhere use (default: `http://<host>:<port>`, this machine's
+            name for a wildcard host); set it behind NAT or a proxy.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=0, ge=0, le=65535)
+    public_url: str | None = None
+
+
 class RunnerSettings(BaseModel):
     """Who runs the agents.
 
@@ -130,25 +174,65 @@ class RunnerSettings(BaseModel):
             to their niceness, 0-19). While the engine generates a step, the children mostly prepare
             the next step's calls (`schedule.prefetch_rollouts`): on a machine with few cores the
             engine, on every step's critical path, should get the CPU first.
+        ray: run the agents in runner actors on a Ray cluster instead (`RaySettings`); the agent must
+            be importable by name there, as for `processes`.
+        crash_loop_deaths, crash_loop_window_s: a runner child that dies is restarted (after a
+            back-off) and its attempts retried; only this many deaths of one child within this many
+            seconds stop the run, quoting the child's log (docs/reliability.md).
+
+    `count = 0` (with no processes and no Ray) starts no runner at all: the run is then served
+    (`serve`) and only runners that join from outside run its agents.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    count: int = Field(default=1, ge=1)
+    count: int = Field(default=1, ge=0)
     concurrency: int = Field(default=64, ge=1)
     processes: int = Field(default=0, ge=0)
     processes_nice: int = Field(default=10, ge=0, le=19)
+    crash_loop_deaths: int = Field(default=5, ge=1)
+    crash_loop_window_s: float = Field(default=60.0, gt=0)
+    ray: RaySettings | None = None
+
+    @model_validator(mode="after")
+    def _one_kind_of_runner(self) -> RunnerSettings:
+        if self.ray is not None and self.processes:
+            raise ValueError("give runners.processes or runners.ray, not both")
+        return self
 
     @property
     def slots(self) -> int:
-        """Attempts all runners together run at once."""
+        """Attempts all the trainer's own runners together run at once (joined runners not counted)."""
+        if self.ray is not None:
+            return self.ray.actors * self.concurrency
         return (self.processes or self.count) * self.concurrency
+
+    @property
+    def out_of_process(self) -> bool:
+        """Whether the agents run outside the trainer's process (children or Ray actors)."""
+        return self.processes > 0 or self.ray is not None
 
 
 class EngineSettings(BaseModel):
-    """The embedded engine that serves the policy to the agents.
+    """What serves the policy to the agents: the embedded engine, or a vLLM / SGLang server the
+    trainer syncs weights into after each update (docs/upstream.md).
 
     Attributes:
+        backend: "embedded" (the engine in this process, the default), "vllm" or "sglang" (a server
+            at `url`, started by the user on the starting model).
+        url: the upstream server's root (e.g. http://127.0.0.1:8000).
+        served_model: the model name the server answers to (vLLM's `--served-model-name`).
+        api_key: the server's API key, if it was started with one; None reads
+            `$REINFORGE_UPSTREAM_API_KEY`.
+        sync: "full" writes every weight (safetensors) and has the server reload them; "lora" writes
+            the LoRA adapter (peft `save_pretrained`) and hot-loads it under a versioned name
+            (`policy-v<N>`); it needs `optim.lora` with one shared adapter.
+        weights_dir: a folder the trainer writes and the server reads (the same path on both, e.g.
+            a shared disk). vLLM's full sync reloads the folder it was started from, so for vLLM this
+            is that folder.
+        sync_timeout_s: the most one sync call may take.
+        on_sync_failure: "stop" ends the run on a failed sync; "retry" tries `sync_retries` more
+            times, `sync_retry_delay_s` apart, before stopping. The old version keeps serving meanwhile.
         max_batch_size: sequences the engine decodes together.
         max_seq_len: the longest prompt + completion the engine serves (sizes its KV cache).
         process: run the engine in its own child process (`EngineProcess`), so its scheduling loop
@@ -166,6 +250,52 @@ class EngineSettings(BaseModel):
     max_seq_len: int = Field(default=512, ge=16)
     process: bool = False
     retain_prefixes: bool = True
+    backend: Literal["embedded", "vllm", "sglang"] = "embedded"
+    url: str | None = None
+    served_model: str = "reinforge-policy"
+    api_key: SecretStr | None = None
+    sync: Literal["full", "lora"] = "full"
+    weights_dir: Path | None = None
+    sync_timeout_s: float = Field(default=600.0, gt=0)
+    on_sync_failure: Literal["stop", "retry"] = "stop"
+    sync_retries: int = Field(default=2, ge=1)
+    sync_retry_delay_s: float = Field(default=5.0, ge=0)
+
+    @model_validator(mode="after")
+    def _upstream_needs_a_server(self) -> EngineSettings:
+        if self.backend == "embedded":
+            named = [k for k in ("url", "weights_dir") if getattr(self, k) is not None]
+            if self.sync != "full":
+                named.append("sync")
+            if named:
+                raise ValueError(
+                    f"engine settings {named} are for backend 'vllm' or 'sglang'; the embedded engine "
+                    "takes its weights in memory (set engine.backend, or leave them out)"
+                )
+            return self
+        # Compared with the defaults, not `model_fields_set`: `Trainer` re-validates a dumped config.
+        embedded_only = [
+            k
+            for k in ("max_batch_size", "max_seq_len", "process", "retain_prefixes")
+            if getattr(self, k) != EngineSettings.model_fields[k].default
+        ]
+        if embedded_only:
+            raise ValueError(
+                f"engine settings {embedded_only} are the embedded engine's; with engine.backend = "
+                f"{self.backend!r} set them on the server (docs/upstream.md)"
+            )
+        missing = [k for k in ("url", "weights_dir") if getattr(self, k) is None]
+        if missing:
+            raise ValueError(
+                f"engine.backend = {self.backend!r} needs {missing}: the server's URL and a folder both "
+                "the trainer and the server can read (docs/upstream.md)"
+            )
+        if self.weights_dir is not None and not self.weights_dir.is_absolute():
+            raise ValueError(
+                f"engine.weights_dir must be an absolute path (got {str(self.weights_dir)!r}): the server "
+                "reads the folder at the path the trainer names"
+            )
+        return self
 
 
 class ScheduleSettings(BaseModel):
@@ -190,6 +320,13 @@ class ScheduleSettings(BaseModel):
             the weights are published): the behaviour logprobs recorded with each token and the
             loss's truncated importance weights (`tis_cap`) correct for the lag, but it is no
             longer strictly on-policy, so it is off by default.
+        max_staleness: asynchronous training with bounded staleness (docs/scaling.md). 0 (the
+            default) is the synchronous schedule above. k >= 1 keeps up to k + 1 steps' worth of
+            groups in flight, their calls never held, and trains each step on the first
+            `tasks_per_step` complete groups, whichever step drew them; a transition sampled more
+            than k versions before the one it would update is dropped and counted
+            (`staleness/dropped`). The loss's `tis_cap` corrects the rest. Excludes
+            `overlap_rollouts` and `prefetch_rollouts = true`.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -200,6 +337,15 @@ class ScheduleSettings(BaseModel):
     val_greedy: bool = True
     prefetch_rollouts: bool | None = None
     overlap_rollouts: bool = False
+    max_staleness: int = Field(default=0, ge=0, le=64)
+
+    @model_validator(mode="after")
+    def _one_schedule(self) -> ScheduleSettings:
+        if self.max_staleness > 0 and (self.overlap_rollouts or self.prefetch_rollouts):
+            raise ValueError(
+                "max_staleness > 0 is its own schedule: drop overlap_rollouts and prefetch_rollouts"
+            )
+        return self
 
 
 class CheckpointSettings(BaseModel):
@@ -231,6 +377,50 @@ class StoreSettings(BaseModel):
 
     url: str | None = None
     token: SecretStr | None = None
+
+
+class ComputeSettings(BaseModel):
+    """Where the policy update (and the embedded engine beside it) computes, and in what precision.
+
+    Attributes:
+        device: "auto" (the GPU when torch sees one, else the CPU), "cpu", "cuda" or "cuda:N". With
+            several training processes (`distributed.nproc`, torchrun), "auto" and "cuda" give each
+            process its own GPU, `cuda:<LOCAL_RANK>`.
+        dtype: "auto" (bfloat16 on CUDA, float32 on the CPU), "float32" or "bfloat16". With
+            bfloat16 the update's forward passes run under bf16 autocast while the weights, their
+            gradients and AdamW's state stay float32, and the embedded engine serves a bf16 copy.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
+    dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+
+
+class DistributedSettings(BaseModel):
+    """Data-parallel policy updates over torch.distributed (docs/distributed.md).
+
+    Rank 0 runs the store, gateway, engine, runners, logging and checkpoints; every rank computes
+    the gradient of its share of each step's transitions, and the gradients are summed.
+
+    Attributes:
+        nproc: training processes `reinforge train` starts on this machine (1: just this one). Under
+            `torchrun` the launcher's WORLD_SIZE is used instead and this must be 1 or equal to it.
+        backend: "auto" (NCCL on CUDA, gloo on the CPU), "nccl" or "gloo": how gradients travel.
+            The step's transitions always travel over a gloo group (they are Python objects).
+        timeout_minutes: how long a rank waits for the others. The other ranks wait while rank 0
+            collects a step's rollouts and validates, so this bounds a step plus a validation.
+        sharding: "replicate" (every rank holds the whole model and AdamW state) or "fsdp2"
+            (`fully_shard` per decoder layer: each rank holds 1/N of the weights, gradients and
+            AdamW state; full-model training without a value head only).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    nproc: int = Field(default=1, ge=1)
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
+    timeout_minutes: float = Field(default=120.0, gt=0)
+    sharding: Literal["replicate", "fsdp2"] = "replicate"
 
 
 MOVED: dict[str, str] = {
@@ -283,6 +473,11 @@ class TrainerConfig(BaseModel):
         schedule: steps, time budget, validation and rollout scheduling (`ScheduleSettings`).
         checkpoints: how often, how many, and whether to resume (`CheckpointSettings`).
         store: where the store is (`StoreSettings`).
+        serve: serve the store and gateway for runners on other machines (`ServeSettings`); None
+            keeps them on 127.0.0.1 with a secret only this process knows.
+        compute: the update's device and precision (`ComputeSettings`).
+        distributed: data-parallel updates over several processes (`DistributedSettings`).
+        logging: where metrics go besides metrics.jsonl: TensorBoard, W&B, MLflow (`LoggingSettings`).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -297,6 +492,10 @@ class TrainerConfig(BaseModel):
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     checkpoints: CheckpointSettings = Field(default_factory=CheckpointSettings)
     store: StoreSettings = Field(default_factory=StoreSettings)
+    serve: ServeSettings | None = None
+    compute: ComputeSettings = Field(default_factory=ComputeSettings)
+    distributed: DistributedSettings = Field(default_factory=DistributedSettings)
+    logging: LoggingSettings = Field(default_factory=LoggingSettings)
 
     @model_validator(mode="before")
     @classmethod
@@ -317,6 +516,34 @@ class TrainerConfig(BaseModel):
                 f"(in a TOML file, under {', '.join(tables)}; see docs/training.md)"
             )
         return data
+
+    @model_validator(mode="after")
+    def _lora_sync_needs_one_adapter(self) -> TrainerConfig:
+        if self.engine.sync == "lora":
+            lora = self.optim.lora
+            if lora is None:
+                raise ValueError("engine.sync = 'lora' needs optim.lora (the adapter it hot-loads)")
+            if lora.roles:
+                raise ValueError(
+                    "engine.sync = 'lora' hot-loads one shared adapter; per-role adapters (optim.lora.roles) "
+                    "are served by the embedded engine only"
+                )
+        elif self.engine.backend != "embedded" and self.optim.lora is not None and self.optim.lora.roles:
+            raise ValueError(
+                "per-role adapters (optim.lora.roles) are served by the embedded engine only; "
+                f"engine.backend = {self.engine.backend!r} would serve every role the same weights"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _someone_runs_the_agents(self) -> TrainerConfig:
+        r = self.runners
+        if r.count == 0 and not r.out_of_process and self.serve is None:
+            raise ValueError(
+                "runners.count = 0 starts no runner: set [trainer.serve] so runners can join from "
+                "outside, or start runners (runners.count, runners.processes or runners.ray)"
+            )
+        return self
 
     @property
     def store_location(self) -> str:

@@ -1,4 +1,5 @@
-"""Training metrics: one JSON line per step (the source of truth), TensorBoard scalars, the reward curve.
+"""Training metrics: one JSON line per step (the source of truth), the optional backends
+(TensorBoard, W&B, MLflow: `metric_sinks/`), the reward curve.
 
 The JSONL file is appended and flushed every step, so a killed run keeps its history; on resume the
 lines past the checkpoint's step are dropped, so the history matches the restored state.
@@ -6,15 +7,23 @@ lines past the checkpoint's step are dropped, so the history matches the restore
 
 from __future__ import annotations
 
+import asyncio
 import json
-import math
+import logging
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from reinforge.errors import InvalidRequestError
+from reinforge.training.metric_sinks import LoggingSettings, MetricSink, Outcome, numeric_values, open_sinks
+from reinforge.training.metric_sinks.base import flat_params
+
+_logger = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -30,19 +39,29 @@ def phase_timer(name: str, times: dict[str, float]) -> Iterator[None]:
 
 
 class MetricsLog:
-    """Append-only metrics for one run directory: `metrics.jsonl` and `tensorboard/`."""
+    """Append-only metrics for one run directory: `metrics.jsonl`, then each backend `settings` lists
+    (by default TensorBoard, in `tensorboard/`).
 
-    def __init__(self, run_dir: Path, *, tensorboard: bool = True) -> None:
+    The JSONL line is written first and is the record: a backend that fails mid-run is warned about
+    once and left behind, never allowed to stop training. `params` (the run's settings groups) become
+    W&B config and MLflow params. `continue_runs`: W&B and MLflow continue the runs this folder
+    logged to before, instead of starting new ones.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path,
+        settings: LoggingSettings | None = None,
+        *,
+        params: Mapping[str, BaseModel] | None = None,
+        continue_runs: bool = True,
+    ) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         self.path = run_dir / "metrics.jsonl"
-        self._writer: Any = None
-        if tensorboard:
-            # tensorboardX, not torch.utils.tensorboard: the latter needs the tensorboard package,
-            # whose protobuf floor (>=6.31 since 2.21) can't co-install with frameworks that pin
-            # protobuf 5 (autogen-core). tensorboardX writes the same event files on either.
-            from tensorboardX import SummaryWriter
-
-            self._writer = SummaryWriter(logdir=str(run_dir / "tensorboard"))
+        self._sinks: list[MetricSink] = open_sinks(
+            settings or LoggingSettings(), run_dir, flat_params(params or {}), continue_runs=continue_runs
+        )
+        self._failures: dict[str, int] = {}
 
     def truncate_after(self, step: int) -> None:
         """Drop records of steps after `step` (they belong to work a resume redoes)."""
@@ -53,26 +72,28 @@ class MetricsLog:
         record: dict[str, Any] = {"step": step, **values}
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
-        if self._writer is not None:
-            self._write_scalars(step, values)
+        if self._sinks:
+            numbers = numeric_values(values)
+            for sink in self._sinks:
+                try:
+                    sink.log(step, numbers)
+                except Exception as exc:
+                    self._failed(sink.name, "log", exc)
 
-    def _write_scalars(self, step: int, values: Mapping[str, Any]) -> None:
-        """One TensorBoard event holding all of a step's scalars.
-
-        `SummaryWriter.add_scalar` makes one event per scalar, and each goes through the writer
-        thread's small bounded queue: a step's few dozen scalars made the trainer wait on that queue,
-        on its critical path (docs/training.md). TensorBoard reads a multi-value summary the same way.
-        """
-        from tensorboardX.proto.summary_pb2 import Summary
-
-        scalars = [
-            Summary.Value(tag=key, simple_value=float(value))
-            for key, value in values.items()
-            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-        ]
-        if scalars:
-            self._writer.file_writer.add_summary(Summary(value=scalars), step)
-        self._writer.flush()
+    def _failed(self, backend: str, what: str, exc: Exception) -> None:
+        """Warn on a backend's first failure only: a broken connection would fail every step."""
+        if backend not in self._failures:
+            _logger.warning(
+                "metrics backend %s failed to %s (%s: %s); training goes on, and %s still gets every "
+                "step (later failures of %s are counted, not shown)",
+                backend,
+                what,
+                type(exc).__name__,
+                exc,
+                self.path,
+                backend,
+            )
+        self._failures[backend] = self._failures.get(backend, 0) + 1
 
     def records(self) -> list[dict[str, Any]]:
         if not self.path.is_file():
@@ -81,10 +102,34 @@ class MetricsLog:
             json.loads(line) for line in self.path.read_text(encoding="utf-8").splitlines() if line.strip()
         ]
 
+    @property
+    def failures(self) -> dict[str, int]:
+        """Per backend, how many writes (and closes) failed."""
+        return dict(self._failures)
+
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """Close the backends' runs, marked by how the fit ended: called while an exception
+        propagates (the trainer closes the log in a `finally`), they are marked failed, or killed for
+        an interrupt, instead of finished."""
+        outcome = _outcome(sys.exc_info()[1])
+        sinks, self._sinks = self._sinks, []
+        for sink in sinks:
+            try:
+                sink.close(outcome)
+            except Exception as exc:
+                self._failed(sink.name, "close", exc)
+        for backend, count in self._failures.items():
+            _logger.warning(
+                "metrics backend %s: %d write(s) failed; %s has every step", backend, count, self.path
+            )
+
+
+def _outcome(exc: BaseException | None) -> Outcome:
+    if exc is None:
+        return "finished"
+    if isinstance(exc, KeyboardInterrupt | SystemExit | asyncio.CancelledError):
+        return "killed"
+    return "failed"
 
 
 def plot_reward_curve(records: list[dict[str, Any]], out: Path, title: str = "reinforge training") -> Path:

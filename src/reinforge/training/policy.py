@@ -15,6 +15,17 @@ GRPO group) encode it once (`reinforge.algorithms.shared_prefix`), and, when not
 policy-gradient term is optimised (no KL penalty, no value head), rows with a zero advantage (flat
 groups) skip the forward pass, since every token of theirs has zero loss. Their tokens still count in
 the loss scales; the diagnostic means (entropy, clip fractions, ratios) are over the rows trained.
+
+The policy lives on one device (`Placement`): the model, the value head, the reference copy and every
+tensor of the update are put there, and with bfloat16 the forward passes run under autocast over
+float32 weights. With `data_parallel` (`reinforge.training.distributed`) every rank runs `update` on
+the same whole batch: the loss scales and which roles are trained come from all of it, each rank
+computes forward and backward passes on its share of the rows only (balanced by tokens), and the
+gradients are summed across ranks before clipping and the optimiser step. With FSDP2 sharding
+(`reinforge.training.fsdp`, applied by `shard` once every rank holds the same weights) the sum is
+FSDP's reduce-scatter, every rank runs the same number of forward and backward passes (a rank with
+fewer rows adds zero-loss passes, since every pass is a collective), and the full state for the
+engine or a checkpoint is gathered with every rank taking part.
 """
 
 from __future__ import annotations
@@ -43,8 +54,11 @@ from reinforge.algorithms.logprobs import TokenLogprobs
 from reinforge.algorithms.shared_prefix import shared_prefix_logprobs
 from reinforge.engine.adapters import lora_key
 from reinforge.errors import InvalidRequestError
+from reinforge.training import fsdp
 from reinforge.training.config import LoraSettings, OptimSettings
-from reinforge.training.microbatch import micro_batches
+from reinforge.training.device import CPU, Placement
+from reinforge.training.distributed import DataParallel, GatherPurpose, LeaderOrder
+from reinforge.training.microbatch import micro_batches, transition_length
 from reinforge.types import Transition
 
 _ADDITIVE = frozenset({"loss/policy", "loss/total", "value/loss", "tokens"})
@@ -107,10 +121,24 @@ class Policy:
         pad_token_id: int,
         temperature: float = 1.0,
         share_prompts: bool = True,
+        placement: Placement = CPU,
+        data_parallel: DataParallel | None = None,
     ) -> None:
-        """`temperature` is the rollouts' sampling temperature: logprobs are recomputed at it."""
+        """`temperature` is the rollouts' sampling temperature: logprobs are recomputed at it.
+        `model` is moved to `placement.device`; with `data_parallel`, see the module docstring."""
         self.algorithm = algorithm
-        self.share_prompts = share_prompts
+        self.placement = placement
+        self.device = placement.device
+        self.data_parallel = data_parallel
+        self._fsdp = data_parallel is not None and data_parallel.sharding == "fsdp2"
+        """Sharding asked for: `shard` applies it (until then the model is whole on every rank)."""
+        self._sharded = False
+        if self._fsdp:
+            fsdp.refuse_unshardable(algorithm, optim)
+        torch.nn.Module.to(model, self.device)  # in place (PreTrainedModel.to's typing is narrower)
+        # Encoding shared prompts once makes the number of forward passes depend on the rows; sharded,
+        # every pass is a collective that all ranks must make alike.
+        self.share_prompts = share_prompts and not self._fsdp
         self.pad_token_id = pad_token_id
         self.max_grad_norm = optim.max_grad_norm
         self.micro_batch_tokens = optim.micro_batch_tokens
@@ -130,7 +158,7 @@ class Policy:
         self.model.train()
         self.value_head: ValueHead | None = None
         if isinstance(algorithm, PPO):
-            self.value_head = ValueHead(int(model.config.hidden_size))
+            self.value_head = ValueHead(int(model.config.hidden_size)).to(self.device)
         # The reference policy for the KL penalty is the starting policy, frozen. With LoRA it is the
         # base model with adapters disabled, so no copy is needed.
         self._reference: torch.nn.Module | None = None
@@ -151,10 +179,48 @@ class Policy:
 
     # ---- weights for the engine and for checkpoints ---------------------------------------------
 
+    def shard(self) -> None:
+        """Apply FSDP2 sharding when the data-parallel settings ask for it (else nothing). Every rank
+        calls this once, after the ranks' weights (and a resumed optimiser state) are the same; the
+        optimiser is rebuilt over the shards and keeps the state it had."""
+        if not self._fsdp or self._sharded:
+            return
+        loaded = self.optimizer.state_dict()
+        defaults = self.optimizer.defaults
+        fsdp.shard_model(self.model)
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=defaults["lr"],
+            weight_decay=defaults["weight_decay"],
+        )
+        if loaded["state"]:
+            fsdp.load_full_optimizer_state(self.model, self.optimizer, loaded)
+        self._sharded = True
+
+    def _gather(self, purpose: GatherPurpose) -> dict[str, Any]:
+        """The sharded policy's full state, on rank 0 (a collective: the leader orders the others
+        to join, `join_gather`)."""
+        dp = self.data_parallel
+        assert dp is not None
+        if dp.is_leader:
+            dp.send(LeaderOrder(kind="gather", gather=purpose))
+        with dp.collective():
+            state: dict[str, Any] = {"model": fsdp.full_model_state(self.model)}
+            if purpose == "checkpoint":
+                state["optimizer"] = fsdp.full_optimizer_state(self.model, self.optimizer)
+        return state
+
+    def join_gather(self, purpose: GatherPurpose) -> None:
+        """A follower's part in the leader's `engine_state` / `state_dict` of a sharded policy."""
+        self._gather(purpose)
+
     def engine_state(self) -> dict[str, torch.Tensor]:
         """Weights in the base model's names, as the engine loads them: one shared LoRA adapter is
         merged in; per-role adapters are not (the engine applies each call's own) and come as
-        `lora/<role>/<module path>.lora_A|lora_B|scale` (`reinforge.engine.adapters`)."""
+        `lora/<role>/<module path>.lora_A|lora_B|scale` (`reinforge.engine.adapters`). Sharded, the
+        weights are gathered (on the CPU) with every rank taking part."""
+        if self._sharded:
+            return dict(self._gather("engine")["model"])
         if self.lora is None:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         peft_model: Any = self.model
@@ -180,7 +246,16 @@ class Policy:
                     state[lora_key(role, path, "scale")] = torch.tensor(float(module.scaling[role]))
         return state
 
+    def all_parameters(self) -> list[torch.nn.Parameter]:
+        """Every parameter of the policy, trained or frozen (the value head's included): what must
+        be equal on every rank of a data-parallel run."""
+        heads = list(self.value_head.parameters()) if self.value_head is not None else []
+        return list(self.model.parameters()) + heads
+
     def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint stores; sharded, gathered with every rank taking part (same layout)."""
+        if self._sharded:
+            return {**self._gather("checkpoint"), "value_head": None}
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -188,6 +263,8 @@ class Policy:
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if self._sharded:
+            raise RuntimeError("load a checkpoint before `shard`: every rank loads the whole state")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         for group in self.optimizer.param_groups:  # loading restores the saving optimiser's flag
@@ -210,15 +287,17 @@ class Policy:
                 for part in micro_batches([transitions[i] for i in members], self.micro_batch_tokens):
                     indices = [members[j] for j in part]
                     batch = collate_transitions([transitions[i] for i in indices], self.pad_token_id)
-                    lp = compute_token_logprobs(
-                        self.model,
-                        batch.input_ids,
-                        batch.attention_mask,
-                        batch.response_mask,
-                        with_hidden_states=True,
-                    )
+                    batch = batch.to(self.device)
+                    with self.placement.forward_context():
+                        lp = compute_token_logprobs(
+                            self.model,
+                            batch.input_ids,
+                            batch.attention_mask,
+                            batch.response_mask,
+                            with_hidden_states=True,
+                        )
                     assert lp.hidden_states is not None
-                    values = self.value_head(lp.hidden_states, batch.prompt_lengths - 1)
+                    values = self.value_head(lp.hidden_states.float(), batch.prompt_lengths - 1)
                     for row, i in enumerate(indices):
                         out[i] = float(values[row])
         return out
@@ -278,8 +357,27 @@ class Policy:
 
         `returns` are PPO's value targets, aligned with `transitions`. With per-role adapters, only
         the transitions of roles that have one are trained (`update/transitions_without_adapter`
-        counts the others).
+        counts the others). With `data_parallel`, rank 0 first sends the batch to the other ranks.
         """
+        if self.device.type == "cuda":  # the trainer calls this from worker threads: their own GPU
+            torch.cuda.set_device(self.device)
+        dp = self.data_parallel
+        if dp is None:
+            return self._update(transitions, returns)
+        if dp.is_leader:
+            dp.send(
+                LeaderOrder(
+                    kind="update",
+                    transitions=list(transitions),
+                    returns=list(returns) if returns is not None else None,
+                    learning_rate=float(self.optimizer.param_groups[0]["lr"]),
+                )
+            )
+        with dp.collective():
+            return self._update(transitions, returns)
+
+    def _update(self, transitions: Sequence[Transition], returns: Sequence[float] | None) -> dict[str, float]:
+        dp = self.data_parallel
         kept = [i for i, t in enumerate(transitions) if any(t.response_mask)]
         without_adapter = 0
         if self.roles:
@@ -309,9 +407,14 @@ class Policy:
         pg_only = self.algorithm.kl_coef == 0 and self.value_head is None
         groups: list[tuple[str | None, list[int]]] = []
         skipped = 0
+        flat: set[str | None] = set()
         for role, members in parts:
             active = [i for i in members if not (pg_only and trained[i].advantage == 0.0)]
             skipped += len(members) - len(active)
+            if not active:
+                flat.add(role)
+            if dp is not None:  # this rank's share of the rows; the scales stay the whole batch's
+                active = [active[j] for j in dp.my_share([transition_length(trained[i]) for i in active])]
             groups += [
                 (role, [active[j] for j in g])
                 for g in micro_batches([trained[i] for i in active], self.micro_batch_tokens)
@@ -323,11 +426,13 @@ class Policy:
             params = [p for role, _ in parts if role is not None for p in self._role_params[role]]
             if self.value_head is not None:
                 params += list(self.value_head.parameters())
-        flat = {role for role, _ in parts} - {role for role, _ in groups}
         old: dict[int, torch.Tensor] = {}
         old_values: dict[int, torch.Tensor] = {}
         sums: dict[str, float] = {}
         weights: dict[str, float] = {}
+        idle = 0
+        if self._sharded and dp is not None:  # passes to add to match the busiest rank (before any)
+            idle = max(int(n) for n in dp.gather_objects(len(groups))) - len(groups)
         self.model.train()
         grad_norm = 0.0
         for epoch in range(self.epochs_per_batch):
@@ -344,27 +449,34 @@ class Policy:
                     # Everything else: token-weighted means over the micro-batches.
                     sums[key] = sums.get(key, 0.0) + value * tokens
                     weights[key] = weights.get(key, 0.0) + tokens
+            self._idle_passes(trained, idle)
             for role in flat:
                 # Every row of this part was skipped: its gradient is zero, and AdamW still takes its
                 # step (momentum moves the weights even on a zero gradient), as after a forward.
                 for p in params if role is None else self._role_params[role]:
                     p.grad = torch.zeros_like(p)
+            if dp is not None and not self._sharded:  # sharded: summed by FSDP's reduce-scatter
+                dp.all_reduce_gradients(params)
             if self.max_grad_norm is not None:
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm))
+                grad_norm = float(fsdp.as_full(torch.nn.utils.clip_grad_norm_(params, self.max_grad_norm)))
             else:
-                grad_norm = float(
-                    torch.norm(torch.stack([p.grad.norm() for p in params if p.grad is not None]))
-                )
+                norms = [p.grad.norm() for p in params if p.grad is not None]
+                grad_norm = float(fsdp.as_full(torch.norm(torch.stack(norms))))
             if not math.isfinite(grad_norm):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise InvalidRequestError("the policy gradient is not finite; lower the learning rate")
             self.optimizer.step()
         self.model.eval()
+        micro_batch_count = float(len(groups))
+        if dp is not None:  # the diagnostics of every rank's rows, as one process would report them
+            sums, weights, micro_batch_count = _merge_rank_metrics(
+                dp.gather_objects((sums, weights, micro_batch_count))
+            )
         epochs = self.epochs_per_batch
         out = {k: (v / weights[k] if weights.get(k) else v / epochs) for k, v in sums.items()}
         out["update/grad_norm"] = grad_norm
         out["tokens"] = total_tokens
-        out["update/micro_batches"] = float(len(groups))
+        out["update/micro_batches"] = micro_batch_count
         out["update/transitions"] = float(len(trained))
         out["update/rows_without_signal"] = float(skipped)
         out.update(role_metrics)
@@ -373,25 +485,36 @@ class Policy:
                 out[f"update/transitions/{role}"] = float(len(members))
         return out
 
+    def _idle_passes(self, trained: Sequence[Transition], passes: int) -> None:
+        """Sharded: `passes` forward and backward passes with a zero loss, so that this rank makes as
+        many as the busiest one (each pass's gathers and reduce-scatters are collectives)."""
+        if passes <= 0:
+            return
+        batch = collate_transitions([trained[0]], self.pad_token_id).to(self.device)
+        for _ in range(passes):
+            (self._logprobs(self.model, batch).logprobs.sum() * 0.0).backward()
+
     def _logprobs(
         self, model: torch.nn.Module, batch: TokenBatch, with_entropy: bool = False
     ) -> TokenLogprobs:
-        """Token logprobs of `batch`, each shared prompt encoded once when that saves work."""
-        if self.share_prompts and self.value_head is None:
-            shared = shared_prefix_logprobs(
-                model, batch, temperature=self.temperature, with_entropy=with_entropy
+        """Token logprobs of `batch` (float32, under the placement's autocast), each shared prompt
+        encoded once when that saves work."""
+        with self.placement.forward_context():
+            if self.share_prompts and self.value_head is None:
+                shared = shared_prefix_logprobs(
+                    model, batch, temperature=self.temperature, with_entropy=with_entropy
+                )
+                if shared is not None:
+                    return shared
+            return compute_token_logprobs(
+                model,
+                batch.input_ids,
+                batch.attention_mask,
+                batch.response_mask,
+                temperature=self.temperature,
+                with_entropy=with_entropy,
+                with_hidden_states=self.value_head is not None,
             )
-            if shared is not None:
-                return shared
-        return compute_token_logprobs(
-            model,
-            batch.input_ids,
-            batch.attention_mask,
-            batch.response_mask,
-            temperature=self.temperature,
-            with_entropy=with_entropy,
-            with_hidden_states=self.value_head is not None,
-        )
 
     def _micro_step(
         self,
@@ -404,7 +527,7 @@ class Policy:
         old: dict[int, torch.Tensor],
         old_values: dict[int, torch.Tensor],
     ) -> dict[str, float]:
-        batch = collate_transitions([trained[i] for i in indices], self.pad_token_id)
+        batch = collate_transitions([trained[i] for i in indices], self.pad_token_id).to(self.device)
         lp = self._logprobs(self.model, batch, with_entropy=True)
         # π_old is the policy before this update: the first epoch's own forward pass, so no extra one.
         if epoch == 0:
@@ -413,7 +536,7 @@ class Policy:
         if self.algorithm.kl_coef > 0:
             with torch.no_grad(), self._reference_model() as reference:
                 ref = self._logprobs(reference, batch).logprobs
-        scale = torch.tensor([scales[i] for i in indices], dtype=torch.float32)
+        scale = torch.tensor([scales[i] for i in indices], dtype=torch.float32, device=self.device)
         loss, metrics = policy_loss(
             lp.logprobs,
             batch.behaviour_logprobs,
@@ -427,17 +550,33 @@ class Policy:
         )
         if self.value_head is not None and isinstance(self.algorithm, PPO):
             assert lp.hidden_states is not None and targets is not None
-            values = self.value_head(lp.hidden_states, batch.prompt_lengths - 1)
+            values = self.value_head(lp.hidden_states.float(), batch.prompt_lengths - 1)
             if epoch == 0:
                 old_values[group] = values.detach()
             v_loss, v_metrics = value_loss(
                 values,
-                torch.tensor([targets[i] for i in indices]),
+                torch.tensor([targets[i] for i in indices], dtype=torch.float32, device=self.device),
                 self.algorithm,
                 old_values=old_values[group],
-                scales=torch.full((len(indices),), 1.0 / len(trained)),
+                scales=torch.full((len(indices),), 1.0 / len(trained), device=self.device),
             )
             loss = loss + v_loss
             metrics.update(v_metrics)
         loss.backward()
         return metrics
+
+
+def _merge_rank_metrics(
+    per_rank: Sequence[tuple[dict[str, float], dict[str, float], float]],
+) -> tuple[dict[str, float], dict[str, float], float]:
+    """The ranks' metric sums and weights (and micro-batch counts) added up."""
+    sums: dict[str, float] = {}
+    weights: dict[str, float] = {}
+    count = 0.0
+    for rank_sums, rank_weights, rank_count in per_rank:
+        for key, value in rank_sums.items():
+            sums[key] = sums.get(key, 0.0) + value
+        for key, value in rank_weights.items():
+            weights[key] = weights.get(key, 0.0) + value
+        count += rank_count
+    return sums, weights, count

@@ -1,6 +1,7 @@
 """`reinforge train config.toml`: a whole run described in one TOML file.
 
     [model]      path = "builtin:calc-warm-start" | a save_pretrained folder | "module:function"
+                 | a model hub id "org/name" (when no folder of that name exists)
     [agent]      entry = "package.module:function"  (or command = "python agent.py", timeout_s = 60)
     [data]       train = "package.module:function" | "tasks.jsonl";  val = ... (optional)
     [algorithm]  name = "grpo", group_size = 8, ...        (reinforge.algorithms configs)
@@ -13,6 +14,7 @@
     [trainer.schedule]     max_steps = 400, max_minutes = 5, val_every = 0, ...
     [trainer.checkpoints]  every = 5, keep = 2, resume = true
     [trainer.store]        url = "http://host:port", token = "..."
+    [trainer.logging]      backends = ["tensorboard", "wandb", "mlflow"]  (+ .wandb / .mlflow tables)
     [report]       name = "sql", metric = "success"  (the closing RESULT line: ReportSection)
     [warm_start]   base = "module:function", policy = "module:function", out = "warm-start", ...
                    (what `reinforge sft` records and trains on: WarmStartSection)
@@ -49,6 +51,8 @@ BUILTIN_MODELS = {BUILTIN_CALC: "reinforge.demo.warm_start:load_warm_start"}
 run time, so training/ does not depend on the package that ships them."""
 
 _LOADER = re.compile(r"[\w.]+:[\w.]+")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+"""A model hub id, `org/name`: what a model name is when no folder of that name exists."""
 
 
 class ModelSection(BaseModel):
@@ -164,6 +168,11 @@ def load_run_config(path: Path, overrides: dict[str, Any] | None = None) -> RunC
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as exc:
         raise InvalidRequestError(f"{path} is not valid TOML: {exc}") from exc
+    if "logging" in raw:  # like every trainer group, it is a sub-table of [trainer]
+        raise InvalidRequestError(
+            f"{path}: write [logging] as [trainer.logging] (and [logging.wandb] as "
+            "[trainer.logging.wandb]); see docs/logging.md"
+        )
     base = path.resolve().parent
     trainer = dict(raw.get("trainer", {}))
     for key, value in (overrides or {}).items():  # a group's override keeps the file's other fields
@@ -180,20 +189,29 @@ def load_run_config(path: Path, overrides: dict[str, Any] | None = None) -> RunC
     return config
 
 
-def load_model(config: RunConfig) -> tuple[PreTrainedModel | Path, PreTrainedTokenizerBase | None]:
-    """`[model] path`: a `save_pretrained` folder (its tokenizer loads with it), or a `module:function`
-    (or a `BUILTIN_MODELS` name) whose function returns `(model, tokenizer)`."""
+def load_model(config: RunConfig) -> tuple[PreTrainedModel | Path | str, PreTrainedTokenizerBase | None]:
+    """`[model] path`: a `save_pretrained` folder (its tokenizer loads with it), a `module:function`
+    (or a `BUILTIN_MODELS` name) whose function returns `(model, tokenizer)`, or a hub id."""
     return load_model_spec(config.model.path, config.base_dir)
 
 
 def load_model_spec(
     name: str, base_dir: Path
-) -> tuple[PreTrainedModel | Path, PreTrainedTokenizerBase | None]:
-    """A model named as `[model] path` names one, relative paths starting at `base_dir`."""
+) -> tuple[PreTrainedModel | Path | str, PreTrainedTokenizerBase | None]:
+    """A model named as `[model] path` names one, relative paths starting at `base_dir`: an existing
+    folder (a Path), a `module:function` loader's `(model, tokenizer)`, or else an `org/name` hub id,
+    returned unchanged for `from_pretrained` to resolve (a str)."""
     spec = BUILTIN_MODELS.get(name, name)
     path = Path(spec) if Path(spec).is_absolute() else base_dir / spec
-    if path.exists() or not _LOADER.fullmatch(spec):
+    if path.exists():
         return path, None
+    if not _LOADER.fullmatch(spec):
+        if _HUB_ID.fullmatch(spec):
+            return spec, None
+        raise InvalidRequestError(
+            f"model {name!r}: there is no folder {path}, and it is neither 'module:function' nor a "
+            "model hub id 'org/name'"
+        )
     loader = load_callable(spec, base_dir, what="model")
     loaded = loader()
     if not (isinstance(loaded, tuple) and len(loaded) == 2):

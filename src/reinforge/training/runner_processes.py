@@ -6,6 +6,10 @@ so their own Python (an OpenAI SDK call is milliseconds of it) serialises every 
 leases from the trainer's store over HTTP and sends its agents' calls to the same gateway, exactly as
 a runner on another machine would, and the trainer's process keeps only the serving and learning.
 
+A child that dies is started again after a back-off (`RunnerRestartPolicy`), and the attempts it was running
+are retried through the store; only a crash loop (the same child dying again and again within a short
+window) stops the run, with the end of the child's log in the error.
+
 A child imports the agent by reference, so the agent must be reachable by name: a module-level
 function (decorated or not), `Agent` subclass or instance, in an importable module or in the script
 being run.
@@ -13,12 +17,15 @@ being run.
 
 from __future__ import annotations
 
+import collections
+import contextlib
 import importlib
 import os
 import signal
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -87,27 +94,100 @@ class RunnerProcessSettings:
     """Added to the children's niceness: a lower CPU priority than the trainer's process."""
 
 
-class RunnerProcesses:
-    """Start, watch and stop `count` `reinforge runner` children (killed by PID, never by name)."""
+class RunnerCrashLoopError(RuntimeError):
+    """A runner child died `deaths` times within the crash-loop window: restarting it again would
+    only repeat the failure (an agent that crashes on import, a missing dependency), so the run stops."""
 
-    def __init__(self, settings: RunnerProcessSettings, count: int, id_prefix: str) -> None:
+
+@dataclass(frozen=True)
+class RunnerRestartPolicy:
+    """How dead runner children come back.
+
+    A death schedules a restart after `backoff_s`, doubled for each earlier death still inside the
+    window (up to `max_backoff_s`): one lost process costs a second, a flapping one does not spin.
+    `crash_loop_deaths` deaths of one child within `crash_loop_window_s` stop the run instead.
+    """
+
+    backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    crash_loop_deaths: int = 5
+    crash_loop_window_s: float = 60.0
+
+    def delay(self, recent_deaths: int) -> float:
+        return min(self.max_backoff_s, self.backoff_s * 2 ** max(recent_deaths - 1, 0))
+
+
+@dataclass(frozen=True)
+class ChildDeath:
+    """One runner child that exited while it should have been running."""
+
+    index: int
+    pid: int
+    exit_code: int
+    runner_id: str
+    """The id it leased under: its attempts still running in the store are the ones it lost."""
+    restart_in_s: float
+
+    def describe(self) -> str:
+        how = f"killed by signal {-self.exit_code}" if self.exit_code < 0 else f"exit code {self.exit_code}"
+        return f"runner process {self.index} (pid {self.pid}, runner id {self.runner_id!r}) died ({how})"
+
+
+@dataclass
+class _Child:
+    index: int
+    incarnation: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    deaths: collections.deque[float] = field(default_factory=collections.deque)
+    restart_at: float | None = None
+    runner_id: str = ""
+
+
+class RunnerProcesses:
+    """Start, watch, restart and stop `count` `reinforge runner` children (by PID, never by name).
+
+    `poll()` (the owner calls it every fraction of a second) reports the children that died since
+    the last call and starts the ones whose back-off has passed. A restarted child leases under a
+    new runner id (`<prefix>-<index>.<incarnation>`), so the attempts the dead one left running are
+    told apart from the new one's: the owner fails them in the store (retryably) and they run again.
+    """
+
+    def __init__(
+        self,
+        settings: RunnerProcessSettings,
+        count: int,
+        id_prefix: str,
+        restarts: RunnerRestartPolicy | None = None,
+    ) -> None:
         self.settings = settings
         self.count = count
         self.id_prefix = id_prefix
-        self._procs: list[subprocess.Popen[bytes]] = []
-        self._logs: list[IO[bytes]] = []
+        self.restarts = restarts or RunnerRestartPolicy()
+        self._children = [_Child(index=i) for i in range(count)]
+        self._logs: dict[int, IO[bytes]] = {}
         self._stopping = False
+        self.restarted = 0
+        """Children started again after a death, over the run."""
 
     def log_path(self, index: int) -> Path:
         return self.settings.log_dir / f"runner-{index}.log"
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        """The children's process ids (a child waiting out its back-off after a death has none)."""
+        return [c.proc.pid for c in self._children if c.proc is not None]
+
+    def runner_id(self, index: int) -> str:
+        """The id child `index` leases under now."""
+        return self._children[index].runner_id
 
     def start(self) -> None:
+        self.settings.log_dir.mkdir(parents=True, exist_ok=True)
+        for child in self._children:
+            self._spawn(child)
+
+    def _spawn(self, child: _Child) -> None:
         s = self.settings
-        s.log_dir.mkdir(parents=True, exist_ok=True)
         env = {
             **os.environ,
             # Secrets by environment, never argv (which any local user can read).
@@ -117,53 +197,88 @@ class RunnerProcesses:
             "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
         }
         env.setdefault("OMP_NUM_THREADS", "1")  # agents rarely need intra-op threads; cores are few
-        for i in range(self.count):
-            argv = [
-                sys.executable,
-                "-m",
-                "reinforge",
-                "runner",
-                "--store",
-                s.store_url,
-                "--gateway",
-                s.gateway_url,
-                "--agent",
-                s.agent,
-                "--concurrency",
-                str(s.concurrency),
-                "--runner-id",
-                f"{self.id_prefix}-{i}",
-                "--model",
-                s.model,
-                "--exit-with-parent",
-                str(os.getpid()),
-            ]
-            if s.timeout_s is not None:
-                argv += ["--timeout", str(s.timeout_s)]
-            log = open(self.log_path(i), "ab")  # noqa: SIM115 (closed in stop())
-            self._logs.append(log)
-            self._procs.append(
-                subprocess.Popen(
-                    argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
-                )
-            )
-            if s.nice:
-                pid, base = self._procs[-1].pid, os.getpriority(os.PRIO_PROCESS, 0)
-                os.setpriority(os.PRIO_PROCESS, pid, min(base + s.nice, 19))
+        child.runner_id = f"{self.id_prefix}-{child.index}" + (
+            f".{child.incarnation}" if child.incarnation else ""
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "reinforge",
+            "runner",
+            "--store",
+            s.store_url,
+            "--gateway",
+            s.gateway_url,
+            "--agent",
+            s.agent,
+            "--concurrency",
+            str(s.concurrency),
+            "--runner-id",
+            child.runner_id,
+            "--model",
+            s.model,
+            "--exit-with-parent",
+            str(os.getpid()),
+        ]
+        if s.timeout_s is not None:
+            argv += ["--timeout", str(s.timeout_s)]
+        log = self._logs.get(child.index)
+        if log is None:
+            log = self._logs[child.index] = open(self.log_path(child.index), "ab")  # noqa: SIM115 (closed in stop())
+        if child.incarnation:
+            log.write(f"\n--- restarted as {child.runner_id} ---\n".encode())
+            log.flush()
+        child.proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT
+        )
+        child.restart_at = None
+        if s.nice:
+            base = os.getpriority(os.PRIO_PROCESS, 0)
+            with contextlib.suppress(ProcessLookupError):  # it may already have died
+                os.setpriority(os.PRIO_PROCESS, child.proc.pid, min(base + s.nice, 19))
 
-    def check(self) -> None:
-        """Raise RuntimeError, with the end of its log, when a child exited while it should be running."""
+    def poll(self, now: float | None = None) -> list[ChildDeath]:
+        """The children that died since the last call (each scheduled for a restart), after starting
+        those whose back-off has passed.
+
+        Raises RunnerCrashLoopError, quoting the child's log, when one died `crash_loop_deaths` times
+        within the window.
+        """
         if self._stopping:
-            return
-        for i, proc in enumerate(self._procs):
-            code = proc.poll()
-            if code is not None:
-                raise RuntimeError(
-                    f"runner process {i} (pid {proc.pid}) exited with code {code}; the end of "
-                    f"{self.log_path(i)}:\n{self._log_tail(i)}"
+            return []
+        now = time.monotonic() if now is None else now
+        policy = self.restarts
+        deaths: list[ChildDeath] = []
+        for child in self._children:
+            if child.proc is None:
+                if child.restart_at is not None and now >= child.restart_at:
+                    child.incarnation += 1
+                    self.restarted += 1
+                    self._spawn(child)
+                continue
+            code = child.proc.poll()
+            if code is None:
+                continue
+            pid = child.proc.pid
+            child.proc = None
+            child.deaths.append(now)
+            while child.deaths and child.deaths[0] < now - policy.crash_loop_window_s:
+                child.deaths.popleft()
+            if len(child.deaths) >= policy.crash_loop_deaths:
+                raise RunnerCrashLoopError(
+                    f"runner process {child.index} (pid {pid}) died {len(child.deaths)} times within "
+                    f"{policy.crash_loop_window_s:.0f} s (last exit code {code}), so it is not restarted "
+                    f"again; the end of {self.log_path(child.index)}:\n{self._log_tail(child.index)}"
                 )
+            delay = policy.delay(len(child.deaths))
+            child.restart_at = now + delay
+            deaths.append(ChildDeath(child.index, pid, code, child.runner_id, delay))
+        return deaths
 
     def _log_tail(self, index: int) -> str:
+        log = self._logs.get(index)
+        if log is not None:
+            log.flush()
         try:
             text = self.log_path(index).read_text(encoding="utf-8", errors="replace")
         except OSError:
@@ -173,15 +288,16 @@ class RunnerProcesses:
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM (stop leasing, finish what runs), then SIGKILL whatever is left after `grace_s`."""
         self._stopping = True
-        for proc in self._procs:
+        procs = [c.proc for c in self._children if c.proc is not None]
+        for proc in procs:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
-        for proc in self._procs:
+        for proc in procs:
             try:
                 proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for log in self._logs:
+        for log in self._logs.values():
             log.close()
         self._logs.clear()

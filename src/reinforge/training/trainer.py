@@ -29,10 +29,20 @@ from reinforge.errors import InvalidRequestError
 from reinforge.runner import Agent, AgentFunction, CommandAgent
 from reinforge.store.factory import open_store
 from reinforge.store.protocol import Store
+from reinforge.training.async_rollouts import AsyncRollouts
 from reinforge.training.checkpoint import CheckpointMeta, latest_checkpoint, load_checkpoint, save_checkpoint
 from reinforge.training.checkpoint import set_rng_state as restore_rng
 from reinforge.training.config import TrainerConfig
 from reinforge.training.data import TaskSampler
+from reinforge.training.device import Placement, resolve_placement
+from reinforge.training.distributed import (
+    DataParallel,
+    LeaderOrder,
+    follow_leader,
+    join_data_parallel,
+    launched_world,
+)
+from reinforge.training.fsdp import refuse_unshardable
 from reinforge.training.metrics import MetricsLog, phase_timer, plot_reward_curve
 from reinforge.training.policy import Policy
 from reinforge.training.progress import StepProgress
@@ -47,6 +57,7 @@ from reinforge.training.rollouts import (
     success_rate,
 )
 from reinforge.training.scheduling import RolloutScheduler
+from reinforge.training.transition_log import TransitionLog
 from reinforge.types import RolloutMode, new_id
 
 Dataset = Sequence[dict[str, Any]]
@@ -71,10 +82,11 @@ class FitResult:
 class Trainer:
     """Train an agent's policy with RL.
 
-    `model` is a Hugging Face causal LM or the path of a `save_pretrained` folder (its tokenizer is
-    loaded from there when `tokenizer` is None). Keyword overrides set `TrainerConfig` fields on top
-    of `config`; a group given as a dict changes only the fields it names, a group given as an object
-    replaces the whole group: `Trainer(m, tok, run_dir="runs/a", schedule={"max_steps": 50})`.
+    `model` is a Hugging Face causal LM, the path of a `save_pretrained` folder, or a model hub id
+    (its tokenizer is loaded from there when `tokenizer` is None). Keyword overrides set
+    `TrainerConfig` fields on top of `config`; a group given as a dict changes only the fields it
+    names, a group given as an object replaces the whole group:
+    `Trainer(m, tok, run_dir="runs/a", schedule={"max_steps": 50})`.
     """
 
     def __init__(
@@ -88,9 +100,13 @@ class Trainer:
         **overrides: Any,
     ) -> None:
         if isinstance(model, str | Path):
+            # A folder, or (a str naming no folder) a hub id: from_pretrained resolves both.
             path = str(model)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-            tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+            try:
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+                tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
+            except OSError as exc:
+                raise InvalidRequestError(f"cannot load the model {path!r}: {exc}") from exc
         if tokenizer is None:
             raise InvalidRequestError("give the tokenizer with the model (or a model folder that has one)")
         if tokenizer.pad_token_id is None:
@@ -114,6 +130,11 @@ class Trainer:
             and ("discounted" in self.credit.assignment)
         ):
             raise InvalidRequestError("PPO discounts with its own gamma; use credit without 'discounted'")
+        if self.config.distributed.sharding == "fsdp2":
+            refuse_unshardable(self.algorithm, self.config.optim)
+        self._placement: Placement | None = None
+        self._data_parallel: DataParallel | None = None
+        """Set by each fit: where the update computes, and the training processes it belongs to."""
 
     def fit(
         self, agent: Agent | AgentFunction | CommandAgent, train_dataset: Dataset, val_dataset: Dataset = ()
@@ -127,13 +148,61 @@ class Trainer:
         if not train_dataset:
             raise InvalidRequestError("the training dataset is empty")
         cfg = self.config
-        cfg.run_dir.mkdir(parents=True, exist_ok=True)
-        token = cfg.store.token.get_secret_value() if cfg.store.token is not None else None
-        store = await open_store(cfg.store_location, token)
+        world = launched_world()
+        self._placement = resolve_placement(cfg.compute, local_rank=world.local_rank if world else None)
+        self._data_parallel = data_parallel = join_data_parallel(cfg.distributed, self._placement)
         try:
-            return await self._fit(store, agent, list(train_dataset), list(val_dataset))
+            if data_parallel is not None and not data_parallel.is_leader:
+                return await asyncio.to_thread(self._follow, data_parallel)
+            cfg.run_dir.mkdir(parents=True, exist_ok=True)
+            token = cfg.store.token.get_secret_value() if cfg.store.token is not None else None
+            store = await open_store(cfg.store_location, token)
+            try:
+                return await self._fit(store, agent, list(train_dataset), list(val_dataset))
+            finally:
+                await store.close()
         finally:
-            await store.close()
+            if data_parallel is not None:
+                if data_parallel.is_leader and not data_parallel.broken:
+                    data_parallel.send(LeaderOrder(kind="stop"))
+                data_parallel.close()
+                self._data_parallel = None
+
+    def _follow(self, data_parallel: DataParallel) -> FitResult:
+        """A rank other than 0: its copy of the policy takes part in each update the leader orders
+        (`reinforge.training.distributed`); the run's store, serving, logs and checkpoints are the
+        leader's. Its result counts the updates it took part in."""
+        policy = self._new_policy()
+        if policy.device.type == "cuda":  # this runs in a worker thread; collectives use its GPU
+            torch.cuda.set_device(policy.device)
+        start = data_parallel.receive()
+        if start.kind == "start":
+            if start.checkpoint is not None:
+                policy.load_state_dict(load_checkpoint(Path(start.checkpoint))[1])
+            data_parallel.broadcast_parameters(policy.all_parameters())
+            policy.shard()  # FSDP2 when configured: from the same weights everywhere
+            updates = follow_leader(policy, data_parallel)
+        else:  # the leader stopped before its first step
+            updates = 0
+        return FitResult(
+            run_dir=self.config.run_dir,
+            steps=updates,
+            policy_version=updates,
+            rl_seconds=0.0,
+            resumed_from=None,
+        )
+
+    def _new_policy(self) -> Policy:
+        cfg = self.config
+        return Policy(
+            self.model,
+            self.algorithm,
+            cfg.optim,
+            pad_token_id=int(self.tokenizer.pad_token_id),
+            temperature=cfg.rollouts.temperature,
+            placement=self._placement or resolve_placement(cfg.compute),
+            data_parallel=self._data_parallel,
+        )
 
     async def _fit(
         self,
@@ -153,7 +222,7 @@ class Trainer:
                 run.queue,
                 runner_slots=cfg.runners.slots,
                 rollouts_per_step=cfg.rollouts.tasks_per_step * self.algorithm.group_size,
-                runner_processes=cfg.runners.processes > 0,
+                runner_processes=cfg.runners.out_of_process,
                 rl_seconds=run.rl_seconds,
             )
             # Stop before a step that would likely end past the budget, not after it.
@@ -161,7 +230,10 @@ class Trainer:
                 run.stack.check_runners()
                 run.step += 1
                 with scheduler.time_step():
-                    record = await self._step(run, scheduler)
+                    if run.async_rollouts is not None:
+                        record = await self._step_async(run, run.async_rollouts, scheduler)
+                    else:
+                        record = await self._step(run, scheduler)
                     if self._validation_due(run.step):
                         record.update(await self._validate(run, f"s{run.step}"))
                 record["time/rl_s"] = scheduler.rl_seconds
@@ -173,6 +245,8 @@ class Trainer:
             run.rl_seconds = scheduler.rl_seconds
             if run.resumed_from is None or run.step > run.resumed_from:
                 self._checkpoint(run, run.rl_seconds)
+            if run.async_rollouts is not None:  # the checkpoint recorded them; a resume re-enqueues
+                await run.async_rollouts.cancel_in_flight()
             val_after = await self._validate(run, "after")
             if val_after:
                 run.log.log(run.step, {"final": 1, **val_after})
@@ -227,9 +301,12 @@ class Trainer:
             with phase_timer("update", times):
                 run.policy.set_learning_rate(learning_rate)
                 update = await asyncio.to_thread(run.policy.update, transitions, advantages.returns)
+            with phase_timer("transitions", times):  # their credit and advantages, for the dashboard
+                await asyncio.to_thread(run.transition_log.write, run.step, transitions)
             with phase_timer("publish", times):
+                # The version advances only once the backend serves it (a failed sync raises).
+                await run.stack.publish(run.policy, run.version + 1)
                 run.version += 1
-                await run.stack.publish(run.policy.engine_state(), run.version)
         return {
             "policy_version": run.version,
             "train/reward": mean_reward(rollouts),
@@ -238,6 +315,46 @@ class Trainer:
             "update/learning_rate": learning_rate,
             **times,
             **credit.as_dict(),
+            **advantages.metrics,
+            **update,
+        }
+
+    async def _step_async(
+        self, run: _Run, pool: AsyncRollouts, scheduler: RolloutScheduler
+    ) -> dict[str, Any]:
+        """One RL step of the asynchronous schedule (`schedule.max_staleness` >= 1): the complete
+        groups in flight, whichever step drew them → advantages over whole groups → the update on
+        the transitions within the staleness bound → publish (`async_rollouts.py`)."""
+        cfg, algo = self.config, self.algorithm
+        times: dict[str, float] = {}
+        with phase_timer("step", times):
+            with phase_timer("collect", times):
+                batch = await run.stack.watch(pool.next_batch(run.version, cfg.rollouts.step_timeout_s))
+            run.data_position = pool.data_position
+            with phase_timer("advantages", times):
+                values = None
+                if isinstance(algo, PPO):
+                    values = await asyncio.to_thread(run.policy.values, batch.transitions)
+                advantages = compute_advantages(batch.transitions, algo, values=values)
+                transitions, returns = batch.trained(advantages.returns)
+            learning_rate = cfg.optim.learning_rate_at(scheduler.run_progress(run.step - 1))
+            with phase_timer("update", times):
+                run.policy.set_learning_rate(learning_rate)
+                update = await asyncio.to_thread(run.policy.update, transitions, returns)
+            with phase_timer("transitions", times):
+                await asyncio.to_thread(run.transition_log.write, run.step, transitions)
+            with phase_timer("publish", times):
+                await run.stack.publish(run.policy, run.version + 1)
+                run.version += 1
+        return {
+            "policy_version": run.version,
+            "train/reward": mean_reward(batch.rollouts),
+            "train/success": success_rate(batch.rollouts),
+            "train/rollouts": len(batch.rollouts),
+            "update/learning_rate": learning_rate,
+            **times,
+            **batch.credit.as_dict(),
+            **batch.metrics,
             **advantages.metrics,
             **update,
         }
@@ -252,21 +369,26 @@ class Trainer:
         """The policy (resumed from the run folder's last checkpoint when there is one), and the
         rollout stack serving it, started."""
         cfg = self.config
-        # The engine serves its own copy (taken before LoRA wraps the model): the trainer's weights
-        # change in place during an update, the engine's only when a version is published.
-        engine_model = copy.deepcopy(self.model).eval()
-        policy = Policy(
-            self.model,
-            self.algorithm,
-            cfg.optim,
-            pad_token_id=int(self.tokenizer.pad_token_id),
-            temperature=cfg.rollouts.temperature,
-        )
+        # The embedded engine serves its own copy (taken before LoRA wraps the model): the trainer's
+        # weights change in place during an update, the engine's only when a version is published.
+        # An upstream server holds its own weights; it needs only the model's config.
+        embedded = cfg.engine.backend == "embedded"
+        engine_model = copy.deepcopy(self.model).eval() if embedded else self.model
+        policy = self._new_policy()
+        if embedded:  # on the update's device, in its compute precision
+            torch.nn.Module.to(engine_model, policy.device, policy.placement.engine_dtype)
         sampler = TaskSampler(len(train), seed=cfg.seed)
-        log = MetricsLog(cfg.run_dir)
         step, version, rl_seconds, resumed_from = 0, 0, 0.0, None
+        resumed_extra: dict[str, Any] = {}
         # Resume: weights, optimiser, step, RNG, data position and the time already spent.
         checkpoint = latest_checkpoint(cfg.run_dir / "checkpoints") if cfg.checkpoints.resume else None
+        # W&B and MLflow continue this folder's runs on a resume; a fresh start starts new ones.
+        log = MetricsLog(
+            cfg.run_dir,
+            cfg.logging,
+            params={"trainer": cfg, "algorithm": self.algorithm, "credit": self.credit},
+            continue_runs=checkpoint is not None,
+        )
         if checkpoint is not None:
             meta, policy_state, rng = load_checkpoint(checkpoint)
             policy.load_state_dict(policy_state)
@@ -278,7 +400,16 @@ class Trainer:
                 meta.rl_seconds,
                 meta.step,
             )
+            resumed_extra = meta.extra
+        if self._data_parallel is not None:  # the other ranks start from this policy, exactly
+            self._data_parallel.send(
+                LeaderOrder(kind="start", checkpoint=str(checkpoint) if checkpoint is not None else None)
+            )
+            self._data_parallel.broadcast_parameters(policy.all_parameters())
+            policy.shard()  # FSDP2 when configured; the followers shard alike
         log.truncate_after(step if checkpoint is not None else -1)
+        transition_log = TransitionLog(cfg.run_dir, self.tokenizer)
+        transition_log.truncate_after(step)
         # A killed session may have left rollouts behind; they would hold runners' slots.
         await cancel_unfinished(store)
         stack = RolloutStack(
@@ -289,22 +420,38 @@ class Trainer:
             cfg.engine,
             policy_version=version,
             seed=cfg.seed,
+            serve=cfg.serve,
         )
         session = new_id()[:8]
         await stack.start(agent, cfg.runners, rollout_timeout_s=cfg.rollouts.timeout_s)
         if checkpoint is not None or policy.roles:  # per-role adapters: the engine starts without them
-            await stack.publish(policy.engine_state(), version)
+            await stack.publish(policy, version)
         progress = StepProgress(cfg.schedule.max_steps, start=step, enabled=cfg.progress)
         progress.note(f"run folder {cfg.run_dir}  dashboard {stack.dashboard_url}")
         queue = TrainingRollouts(
             store, stack, sampler, train, cfg.rollouts, group_size=self.algorithm.group_size, prefix=session
         )
+        async_rollouts = None
+        if cfg.schedule.max_staleness > 0:
+            async_rollouts = AsyncRollouts(
+                store,
+                sampler,
+                train,
+                cfg.rollouts,
+                self.credit,
+                max_staleness=cfg.schedule.max_staleness,
+                group_size=self.algorithm.group_size,
+                prefix=session,
+            )
+            if "async_rollouts" in resumed_extra:
+                await async_rollouts.restore(resumed_extra["async_rollouts"], version)
         return _Run(
             store=store,
             stack=stack,
             policy=policy,
             queue=queue,
             log=log,
+            transition_log=transition_log,
             progress=progress,
             session=session,
             val=val,
@@ -313,6 +460,7 @@ class Trainer:
             rl_seconds=rl_seconds,
             resumed_from=resumed_from,
             data_position=sampler.state_dict(),
+            async_rollouts=async_rollouts,
         )
 
     def _validation_due(self, step: int) -> bool:
@@ -362,8 +510,13 @@ class Trainer:
     def _checkpoint(self, run: _Run, rl_seconds: float) -> None:
         """The data position saved is after the last trained step (a step started ahead is drawn
         again on resume)."""
+        pool = run.async_rollouts
         meta = CheckpointMeta(
-            step=run.step, policy_version=run.version, sampler=run.data_position, rl_seconds=rl_seconds
+            step=run.step,
+            policy_version=run.version,
+            sampler=run.data_position,
+            rl_seconds=rl_seconds,
+            extra={"async_rollouts": pool.state_dict()} if pool is not None else {},
         )
         checkpoints = self.config.run_dir / "checkpoints"
         save_checkpoint(checkpoints, meta, run.policy.state_dict(), keep=self.config.checkpoints.keep)
@@ -378,6 +531,7 @@ class _Run:
     policy: Policy
     queue: TrainingRollouts
     log: MetricsLog
+    transition_log: TransitionLog
     progress: StepProgress
     session: str
     val: list[dict[str, Any]]
@@ -386,6 +540,8 @@ class _Run:
     rl_seconds: float
     resumed_from: int | None
     data_position: dict[str, Any]
+    async_rollouts: AsyncRollouts | None = None
+    """The asynchronous schedule's rollout pool (`schedule.max_staleness` >= 1), else None."""
 
 
 def _freeze_heap() -> None:

@@ -49,8 +49,8 @@ def section(config: RunConfig) -> WarmStartSection:
 def load_base(config: RunConfig) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """The untrained model and its tokenizer, however `[warm_start] base` names them."""
     found, tokenizer = load_model_spec(section(config).base, config.base_dir)
-    if isinstance(found, Path):
-        if not found.is_dir():
+    if isinstance(found, str | Path):  # a folder, or a hub id from_pretrained resolves
+        if isinstance(found, Path) and not found.is_dir():
             raise InvalidRequestError(f"[warm_start] base {found} is neither a folder nor 'module:function'")
         return AutoModelForCausalLM.from_pretrained(
             str(found), dtype=torch.float32

@@ -152,9 +152,17 @@ async def test_records_and_validated_paths_store_the_same_over_http(sqlite_serve
         assert records.status_code == 200 and records.json() == {"added": 2}
         again = await http.post("/store/spans", content=_body([s.model_dump(mode="json") for s in spans]))
         assert again.json() == {"added": 0}
-        # A float given as a string is off the records path; pydantic accepts it (lax mode) as before.
+        # A float given as a string is off the records path, and refused there: the schema says number.
         lax = {**_spans()[0].model_dump(mode="json"), "start_time": "42.5"}
-        assert (await http.post("/store/spans", content=_body([lax]))).json() == {"added": 1}
+        refused = await http.post("/store/spans", content=_body([lax]))
+        assert refused.status_code == 422 and "start_time" in refused.json()["error"]["message"]
+        # Deep nesting is off the records path too; pydantic stores such a span the same way.
+        nested: object = 1
+        for _ in range(150):
+            nested = [nested]
+        deep = {**_spans()[0].model_dump(mode="json"), "start_time": 42.5, "attributes": {"d": nested}}
+        assert parse_span_batch(_body([deep]), 10) is None
+        assert (await http.post("/store/spans", content=_body([deep]))).json() == {"added": 1}
         page = await http.post("/store/spans/query", json=SpanQuery(rollout_id="r1").model_dump(mode="json"))
         stored = [Span.model_validate(s) for s in page.json()["items"]]
         assert [s.model_copy(update={"sequence": None}) for s in stored[:1]] == [spans[0]]

@@ -125,10 +125,14 @@ def error_from_response(response: httpx.Response) -> errors.ReinforgeError:
 class HttpStoreClient:
     """A `reinforge.store.protocol.Store` that talks to `reinforge store serve` (or `create_store_app`).
 
-    `token` defaults to `$REINFORGE_STORE_TOKEN`. Up to `connect_retries` times (with back-off) it
-    re-sends a call whose connection could not be opened, and a call that is safe to apply twice
-    (reads, waits, heartbeats, span batches) whose connection broke; this rides over a store server
-    restart. Other failures raise `StoreUnavailableError`.
+    `token` defaults to `$REINFORGE_STORE_TOKEN`. It re-sends (with back-off) a call whose connection
+    could not be opened, and a call that is safe to apply twice whose connection broke: reads, waits,
+    heartbeats, span batches (idempotent by span id), enqueues whose specs all carry a `rollout_id`,
+    cancels, and attempt finishes (a re-sent finish that finds its first copy applied returns the
+    rollout, as the first would have). Until the client has reached the server once it gives up after
+    `connect_retries` tries (a wrong URL fails fast); after that it keeps trying for
+    `restart_window_s`, which rides over a store server restart. Other failures raise
+    `StoreUnavailableError`.
     """
 
     def __init__(
@@ -138,6 +142,7 @@ class HttpStoreClient:
         *,
         timeout_seconds: float = 60.0,
         connect_retries: int = 5,
+        restart_window_s: float = 30.0,
         max_connections: int = 64,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
@@ -151,6 +156,9 @@ class HttpStoreClient:
         self._token = resolved
         self._timeout = timeout_seconds
         self._connect_retries = connect_retries
+        self._restart_window_s = restart_window_s
+        self._reached = False  # set once any call got an answer: from then on a restart is ridden over
+        self._retrying = True
         self._max_connections = max_connections
         self._transport = transport
         # Absolute URLs built once for the routes without ids in them: httpx then skips joining
@@ -203,6 +211,23 @@ class HttpStoreClient:
         wait_seconds: float = 0.0,
         idempotent: bool = False,
     ) -> _T:
+        response, _ = await self._exchange(
+            method, path, body, wait_seconds=wait_seconds, idempotent=idempotent
+        )
+        if response.status_code >= 400:
+            raise error_from_response(response)
+        return adapter.validate_json(response.content)
+
+    async def _exchange(
+        self,
+        method: str,
+        path: str,
+        body: BaseModel | None = None,
+        *,
+        wait_seconds: float = 0.0,
+        idempotent: bool = False,
+    ) -> tuple[httpx.Response, bool]:
+        """(the response, whether the request was re-sent after a connection that broke mid-call)."""
         try:
             content = body.__pydantic_serializer__.to_json(body) if body is not None else None
         except PydanticSerializationError as exc:
@@ -212,6 +237,8 @@ class HttpStoreClient:
         timeout = httpx.Timeout(self._timeout + wait_seconds, connect=10.0) if wait_seconds else None
         url = self._fixed_urls.get(path) or httpx.URL(self.base_url + path)
         attempt = 0
+        resent = False
+        give_up_at = time.monotonic() + self._restart_window_s
         while True:
             try:
                 response = await self._direct.send(method, url, content, timeout=timeout)
@@ -219,16 +246,16 @@ class HttpStoreClient:
             except httpx.TransportError as exc:
                 # A refused connection never reached the server, so any call may be re-sent; a call
                 # cut off later may have been applied, so only calls that are safe twice are re-sent.
-                retry = isinstance(exc, httpx.ConnectError) or (
-                    idempotent and not isinstance(exc, httpx.TimeoutException)
-                )
-                if not retry or attempt >= self._connect_retries:
+                refused = isinstance(exc, httpx.ConnectError)
+                retry = refused or (idempotent and not isinstance(exc, httpx.TimeoutException))
+                more = attempt < self._connect_retries or (self._reached and time.monotonic() < give_up_at)
+                if not retry or not more or not self._retrying:
                     raise self._unavailable(method, path, exc) from exc
+                resent = resent or not refused
                 await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
                 attempt += 1
-        if response.status_code >= 400:
-            raise error_from_response(response)
-        return adapter.validate_json(response.content)
+        self._reached = True
+        return response, resent
 
     def _unavailable(self, method: str, path: str, exc: Exception) -> errors.StoreUnavailableError:
         problem = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
@@ -248,7 +275,9 @@ class HttpStoreClient:
 
     async def enqueue_rollouts(self, specs: Sequence[RolloutSpec]) -> list[Rollout]:
         body = self._request(EnqueueRequest, specs=list(specs))
-        return await self._call("POST", "/store/rollouts/enqueue", ROLLOUTS, body)
+        # With every id given, a second enqueue returns the rollouts unchanged: safe to re-send.
+        named = all(s.rollout_id is not None for s in specs)
+        return await self._call("POST", "/store/rollouts/enqueue", ROLLOUTS, body, idempotent=named)
 
     async def lease_rollouts(
         self,
@@ -283,14 +312,27 @@ class HttpStoreClient:
         if outcome.reward is not None and not math.isfinite(outcome.reward):
             # JSON has no NaN/inf: refuse here, as a local store does, rather than send null.
             raise errors.InvalidRequestError(f"reward must be a finite number, got {outcome.reward}")
-        return await self._call("POST", f"/store/attempts/{_segment(attempt_id)}/finish", ROLLOUT, outcome)
+        path = f"/store/attempts/{_segment(attempt_id)}/finish"
+        response, resent = await self._exchange("POST", path, outcome, idempotent=True)
+        if response.status_code < 400:
+            return ROLLOUT.validate_json(response.content)
+        error = error_from_response(response)
+        if resent and isinstance(error, errors.StaleAttemptError):
+            # The connection broke after the first copy was applied: this one found the attempt
+            # already ended. If it ended as this finish said, the first copy did it.
+            attempt = await self.get_attempt(attempt_id)
+            if attempt.status.value == outcome.status.value:
+                return await self.get_rollout(attempt.rollout_id)
+        raise error
 
     async def cancel_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
         ids = list(rollout_ids)
         cancelled: list[Rollout] = []
         for start in range(0, max(len(ids), 1), _ID_CHUNK):
             body = self._request(RolloutIdsRequest, rollout_ids=ids[start : start + _ID_CHUNK])
-            chunk: list[Rollout] = await self._call("POST", "/store/rollouts/cancel", ROLLOUTS, body)
+            chunk: list[Rollout] = await self._call(
+                "POST", "/store/rollouts/cancel", ROLLOUTS, body, idempotent=True
+            )
             cancelled.extend(chunk)
         return cancelled
 
@@ -349,6 +391,11 @@ class HttpStoreClient:
 
     async def counters(self) -> StoreCounters:
         return await self._call("GET", "/store/counters", COUNTERS, idempotent=True)
+
+    def stop_retrying(self) -> None:
+        """From now on a call fails at its first connection error: for a process on its way out (a
+        runner whose trainer died), which should not wait out a restart that will never come."""
+        self._retrying = False
 
     async def health(self) -> bool:
         """True when the server answers its health probe."""

@@ -26,6 +26,7 @@ from reinforge.store.http.auth import tokens_match
 from reinforge.store.http.responses import error_for, json_response
 from reinforge.store.http.wire import MAX_BATCH, AddSpansRequest, HeartbeatRequest, LeaseRequest
 from reinforge.store.protocol import Store
+from reinforge.store.rules import check_text
 from reinforge.store.span_records import SpanRecord, parse_span_batch
 from reinforge.types import AttemptOutcome, LeasedRollout
 
@@ -74,6 +75,13 @@ async def ingest_spans(store: Store, raw: bytes) -> int:
             return await add_records(records)
     body = parse_body(AddSpansRequest, raw)
     return await store.add_spans(body.spans)
+
+
+def _attempt_id(request: RouteRequest) -> str:
+    """The path's attempt id, refused when it holds NUL (as the schema's pattern says)."""
+    attempt_id = request.path_params["attempt_id"]
+    check_text(attempt_id, "attempt_id")
+    return attempt_id
 
 
 class RolloutRoutes:
@@ -132,12 +140,12 @@ class RolloutRoutes:
 
     async def _heartbeat(self, request: RouteRequest) -> Response:
         body = parse_body(HeartbeatRequest, request.body)
-        attempt_id = request.path_params["attempt_id"]
+        attempt_id = _attempt_id(request)
         return json_response(
             ATTEMPT, await self.get_store().heartbeat(attempt_id, lease_seconds=body.lease_seconds)
         )
 
     async def _finish(self, request: RouteRequest) -> Response:
         body = parse_body(AttemptOutcome, request.body)
-        attempt_id = request.path_params["attempt_id"]
+        attempt_id = _attempt_id(request)
         return json_response(ROLLOUT, await self.get_store().finish_attempt(attempt_id, body))

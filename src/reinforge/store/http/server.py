@@ -10,20 +10,20 @@ Responses are serialised by pydantic-core straight to bytes, which keeps span-he
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import RedirectResponse, Response
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reinforge._headers import scope_header
-from reinforge.dashboard import dashboard_html
 from reinforge.errors import ReinforgeError, StoreUnavailableError
 from reinforge.net.routes import RouteTableFront, route_path
 from reinforge.store.http.adapters import (
@@ -36,6 +36,7 @@ from reinforge.store.http.adapters import (
     ROLLOUTS,
     SPAN_PAGE,
 )
+from reinforge.store.http.dashboard_routes import mount_dashboard
 from reinforge.store.http.responses import body_too_large_message, error_for, error_response, json_response
 from reinforge.store.http.rollout_routes import (
     STORE_PREFIX,
@@ -59,6 +60,7 @@ from reinforge.store.http.wire import (
 from reinforge.store.protocol import Store
 from reinforge.types import (
     MAX_STORED_INT,
+    NO_NUL,
     Attempt,
     AttemptOutcome,
     AttemptQuery,
@@ -81,6 +83,9 @@ StoreFactory = Callable[[], Awaitable[Store]]
 """Opens a store inside the server's event loop (SQL engines and asyncio locks are loop-bound)."""
 
 _T = TypeVar("_T")
+
+PathId = Annotated[str, Path(min_length=1, max_length=128, pattern=NO_NUL)]
+"""A rollout or attempt id in a path: bounded, and without NUL (no backend can look one up)."""
 
 
 _ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -143,10 +148,20 @@ def _add_body_schemas(app: FastAPI, models: Collection[type[BaseModel]]) -> None
             components["securitySchemes"] = {
                 "HTTPBearer": {"type": "http", "scheme": "bearer", "description": "`<run-dir>/store.token`"}
             }
+            # Every route but the liveness probe needs the token (the middleware and the route
+            # table refuse it with 401 before anything else), so the document says so for each.
+            unauthorised = {"$ref": _REF.format(model=ErrorBody.__name__)}
             for path, item in schema["paths"].items():
-                if path.startswith(STORE_PREFIX + "/"):
+                if path != "/health":
                     for operation in item.values():
                         operation["security"] = [{"HTTPBearer": []}]
+                        operation["responses"].setdefault(
+                            "401",
+                            {
+                                "description": "Missing or wrong bearer token",
+                                "content": {"application/json": {"schema": unauthorised}},
+                            },
+                        )
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -260,6 +275,7 @@ def create_store_app(
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     on_lease: Callable[[list[LeasedRollout]], None] | None = None,
+    run_dir: str | os.PathLike[str] | None = None,
 ) -> FastAPI:
     """The store's HTTP app.
 
@@ -269,6 +285,7 @@ def create_store_app(
     Every route except `/health` and the dashboard page needs `Authorization: Bearer <token>`.
     `on_lease` sees every batch leased through the app (a gateway beside the store learns of the
     attempts its calls will come from without asking the store again).
+    `run_dir` is the run folder whose metrics and transitions the dashboard shows (docs/dashboard.md).
     """
     if not token:
         raise ValueError("the store server needs a non-empty token")
@@ -318,10 +335,7 @@ def create_store_app(
         """Liveness probe; needs no token and reveals nothing."""
         return Response(b'{"status":"ok"}', media_type="application/json")
 
-    @app.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)
-    async def dashboard() -> HTMLResponse:
-        # The page holds no data; its script reads the token from the URL fragment or asks for it.
-        return HTMLResponse(dashboard_html())
+    mount_dashboard(app, holder.get, token, run_dir)
 
     @app.get("/", include_in_schema=False)
     async def root() -> RedirectResponse:
@@ -406,7 +420,7 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder, rollout_routes: R
         return json_response(ROLLOUT_PAGE, await holder.get().query_rollouts(body))
 
     @router.get("/rollouts/{rollout_id:path}", response_model=Rollout, tags=["rollouts"])
-    async def get_rollout(rollout_id: Annotated[str, Path(min_length=1, max_length=128)]) -> Response:
+    async def get_rollout(rollout_id: PathId) -> Response:
         return json_response(ROLLOUT, await holder.get().get_rollout(rollout_id))
 
     @router.post(
@@ -415,9 +429,7 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder, rollout_routes: R
         tags=["attempts"],
         openapi_extra=_body_doc(HeartbeatRequest),
     )
-    async def heartbeat(
-        attempt_id: Annotated[str, Path(min_length=1, max_length=128)], request: Request
-    ) -> Response:
+    async def heartbeat(attempt_id: PathId, request: Request) -> Response:
         return await serve_heartbeat(request)
 
     @router.post(
@@ -426,9 +438,7 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder, rollout_routes: R
         tags=["attempts"],
         openapi_extra=_body_doc(AttemptOutcome),
     )
-    async def finish_attempt(
-        attempt_id: Annotated[str, Path(min_length=1, max_length=128)], request: Request
-    ) -> Response:
+    async def finish_attempt(attempt_id: PathId, request: Request) -> Response:
         """Report the end of an attempt; 409 when the attempt was superseded (nothing is counted)."""
         return await serve_finish(request)
 
@@ -443,7 +453,7 @@ def _add_store_routes(router: APIRouter, holder: _StoreHolder, rollout_routes: R
         return json_response(ATTEMPT_PAGE, await holder.get().query_attempts(body))
 
     @router.get("/attempts/{attempt_id:path}", response_model=Attempt, tags=["attempts"])
-    async def get_attempt(attempt_id: Annotated[str, Path(min_length=1, max_length=128)]) -> Response:
+    async def get_attempt(attempt_id: PathId) -> Response:
         return json_response(ATTEMPT, await holder.get().get_attempt(attempt_id))
 
     @router.post(

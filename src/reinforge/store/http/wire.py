@@ -6,11 +6,20 @@ is refused at the boundary instead of overflowing a timestamp or pinning a conne
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reinforge.types import MAX_PAGE_SIZE, MAX_STORED_INT, RolloutMode, RolloutSpec, Span
+from reinforge.types import (
+    INTEGRAL,
+    MAX_PAGE_SIZE,
+    MAX_STORED_INT,
+    NO_NUL,
+    JsonInt,
+    RolloutMode,
+    RolloutSpec,
+    Span,
+)
 
 MAX_WAIT_SECONDS = 60.0
 """The longest one HTTP call may wait; the client splits longer waits into several calls."""
@@ -18,6 +27,9 @@ MAX_LEASE_SECONDS = 7 * 24 * 3600.0
 """A lease longer than a week is a mistake, not a plan."""
 MAX_BATCH = 100_000
 """The most rollouts, spans or ids one call may carry (the body-size limit usually bites first)."""
+
+
+RolloutId = Annotated[str, Field(min_length=1, max_length=128, pattern=NO_NUL)]
 
 
 class _Body(BaseModel):
@@ -29,8 +41,8 @@ class EnqueueRequest(_Body):
 
 
 class LeaseRequest(_Body):
-    runner_id: str = Field(min_length=1, max_length=128)
-    max_rollouts: int = Field(default=1, ge=1, le=MAX_PAGE_SIZE, strict=True)
+    runner_id: str = Field(min_length=1, max_length=128, pattern=NO_NUL)
+    max_rollouts: JsonInt = Field(default=1, ge=1, le=MAX_PAGE_SIZE, strict=True)
     lease_seconds: float = Field(default=60.0, gt=0, le=MAX_LEASE_SECONDS, strict=True)
     wait_seconds: float = Field(default=0.0, ge=0, le=MAX_WAIT_SECONDS, strict=True)
     mode: RolloutMode | None = None
@@ -41,11 +53,11 @@ class HeartbeatRequest(_Body):
 
 
 class RolloutIdsRequest(_Body):
-    rollout_ids: list[str] = Field(max_length=MAX_BATCH)
+    rollout_ids: list[RolloutId] = Field(max_length=MAX_BATCH)
 
 
 class WaitRequest(_Body):
-    rollout_ids: list[str] = Field(max_length=MAX_BATCH)
+    rollout_ids: list[RolloutId] = Field(max_length=MAX_BATCH)
     timeout_seconds: float = Field(default=MAX_WAIT_SECONDS, ge=0, le=MAX_WAIT_SECONDS, strict=True)
 
 
@@ -59,7 +71,7 @@ class AddSpansResponse(_Body):
 
 class PutResourcesRequest(_Body):
     resources: dict[str, Any] = Field(default_factory=dict)
-    version: int | None = Field(default=None, ge=0, le=MAX_STORED_INT, strict=True)
+    version: Annotated[int, Field(ge=0, le=MAX_STORED_INT, strict=True), INTEGRAL] | None = None
 
 
 class ErrorDetail(_Body):

@@ -32,7 +32,13 @@ from sqlalchemy import (
     update,
 )
 
-from reinforge.errors import ConflictError, InvalidRequestError, NotFoundError, StaleAttemptError
+from reinforge.errors import (
+    ConflictError,
+    InvalidRequestError,
+    NotFoundError,
+    ReinforgeError,
+    StaleAttemptError,
+)
 from reinforge.store import rules
 from reinforge.store.notify import Signal, Watch
 from reinforge.store.span_records import SpanRecord
@@ -48,6 +54,7 @@ from reinforge.store.sql.schema import (
     span_from_row,
     spans,
 )
+from reinforge.store.sql.span_codec import SpanBodyCodec, span_dictionaries
 from reinforge.store.sql.statements import Statements
 from reinforge.types import (
     Attempt,
@@ -115,16 +122,34 @@ _INSERT_SPAN_SQL = (
 )
 
 
-def _insert_spans_sqlite(conn: Connection, rows: list[tuple[str, str, str, str, str, str]]) -> int:
+_INSERT_DICTIONARY_SQL = "INSERT OR IGNORE INTO span_dictionaries (dict_id, body) VALUES (?, ?)"
+
+
+def _insert_spans_sqlite(
+    conn: Connection, rows: list[tuple[str, str, str, str, str, str]], codec: SpanBodyCodec
+) -> int:
     """The hot insert on the raw sqlite3 cursor, inside the caller's transaction: SQLAlchemy's
     per-row parameter processing and RETURNING cost more than the insert itself for span batches.
-    `rowcount` of an executemany sums the rows inserted; ignored duplicates add nothing."""
+    `rowcount` of an executemany sums the rows inserted; ignored duplicates add nothing. Bodies
+    are compressed here, in the write transaction that stores them (`span_codec`)."""
+    bodies, dictionary = codec.encode_batch([row[5] for row in rows])
     cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
     try:
-        cursor.executemany(_INSERT_SPAN_SQL, rows)
+        if dictionary is not None:
+            cursor.execute(_INSERT_DICTIONARY_SQL, dictionary)
+        cursor.executemany(
+            _INSERT_SPAN_SQL, [(*row[:5], body) for row, body in zip(rows, bodies, strict=True)]
+        )
         return int(cursor.rowcount)
     finally:
         cursor.close()
+
+
+def _load_dictionary(conn: Connection, dict_id: int) -> bytes:
+    row = conn.execute(select(span_dictionaries.c.body).where(span_dictionaries.c.dict_id == dict_id)).first()
+    if row is None:
+        raise ReinforgeError(f"span dictionary {dict_id} is missing from the store: its spans can't be read")
+    return bytes(row[0])
 
 
 def _stale(row: Any) -> StaleAttemptError:
@@ -157,6 +182,9 @@ class SqlStore:
     def __init__(self, db: Database) -> None:
         self._db = db
         self._s = Statements(postgres=isinstance(db, PostgresDatabase))
+        # SQLite bodies are compressed (`span_codec`); PostgreSQL compresses large values itself
+        # (TOAST) and keeps plain JSON text.
+        self._codec = SpanBodyCodec()
         self._queued = Signal()
         self._finalised = Signal()
         db.on_notify(self._on_notify)
@@ -183,6 +211,11 @@ class SqlStore:
     @property
     def dialect(self) -> str:
         return self._db.dialect
+
+    @property
+    def database(self) -> Database:
+        """Where the transactions run; the dashboard's read queries (sql/dashboard_queries.py) use it."""
+        return self._db
 
     def _on_notify(self, payload: str) -> None:
         if payload in (_QUEUED, "*"):
@@ -566,7 +599,7 @@ class SqlStore:
             return 0
         batch = list(rows.values())
         if not self._s.postgres:
-            return await self._db.write_bulk(lambda conn: _insert_spans_sqlite(conn, batch))
+            return await self._db.write_bulk(lambda conn: _insert_spans_sqlite(conn, batch, self._codec))
 
         def tx(conn: Connection, fx: _Effects) -> int:
             keys = ("span_id", "trace_id", "rollout_id", "attempt_id", "name", "body")
@@ -693,7 +726,10 @@ class SqlStore:
                 total = conn.execute(select(func.count()).select_from(spans).where(cond), params).scalar_one()
             else:
                 total = self._count_spans(conn)
-            return rules.make_page([span_from_row(seq, body) for seq, body in rows], total, query.offset)
+            bodies = [
+                (seq, self._codec.decode(body, lambda d: _load_dictionary(conn, d))) for seq, body in rows
+            ]
+            return rules.make_page([span_from_row(seq, body) for seq, body in bodies], total, query.offset)
 
         return await self._db.read(tx)
 
@@ -768,7 +804,10 @@ class SqlStore:
                 v = version
                 if v is None:
                     latest = conn.execute(q.latest_version).scalar()
-                    v = 0 if latest is None else latest + 1
+                    try:
+                        v = rules.next_version(latest)
+                    except ConflictError as exc:
+                        return _Raise(exc)
                 created = time.time()
                 # ON CONFLICT DO NOTHING: a concurrent put of the same number (another store
                 # auto-numbering at the same moment) makes this insert a no-op instead of an error.

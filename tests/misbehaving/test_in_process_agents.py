@@ -1,0 +1,124 @@
+"""Each misbehaving in-process agent gets a clear recorded error and harms no rollout beside it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import pytest
+
+from reinforge import semconv
+from reinforge.runner import Runner
+from reinforge.types import AttemptQuery, Rollout, RolloutSpec, RolloutStatus, SpanQuery
+
+from .agents import LATE_CALLERS, STREAMS_DROPPED, misbehaving
+from .conftest import GATEWAY_SECRET, GOOD_ROLLOUTS, Stack, enqueue, final, serve_stack, until_idle
+
+
+async def _run_rollouts(stack: Stack, runner: Runner, count: int) -> list[Rollout]:
+    """Enqueue `count` one-try rollouts of an empty task and run them to their end."""
+    rollouts = await stack.store.enqueue_rollouts([RolloutSpec(max_attempts=1) for _ in range(count)])
+    await runner.run(max_rollouts=count)
+    return await final(stack.store, rollouts)
+
+
+async def _run(stack: Stack, bad_task: dict[str, Any], **runner_options: Any) -> tuple[Any, Any]:
+    """Run the bad rollout beside the good ones; every good one must succeed. Returns the bad
+    rollout and its attempt as the store recorded them."""
+    bad, good = await enqueue(stack.store, bad_task)
+    options = {"timeout_s": 60.0, **runner_options}  # generous: a loaded CI machine is slow
+    runner = Runner(
+        stack.store, misbehaving, stack.gateway_url, GATEWAY_SECRET, concurrency=1 + GOOD_ROLLOUTS, **options
+    )
+    await runner.run(max_rollouts=1 + GOOD_ROLLOUTS)
+    bad_done, *good_done = await final(stack.store, [bad, *good])
+    assert [(r.status, r.reward) for r in good_done] == [(RolloutStatus.succeeded, 1.0)] * GOOD_ROLLOUTS
+    attempts = (await stack.store.query_attempts(AttemptQuery(rollout_id=bad.rollout_id))).items
+    assert len(attempts) == 1  # no retry: the store's attempt holds the error
+    await until_idle(stack.gateway)
+    return bad_done, attempts[0]
+
+
+@pytest.mark.parametrize(
+    ("kind", "error"),
+    [
+        ("nan", "a reward must be finite, got nan"),
+        ("inf", "a reward must be finite, got -inf"),
+        ("string", "a reward must be a number, got str: '1.0'"),
+    ],
+)
+async def test_bad_reward_is_a_clear_failure(tokenizer: Any, kind: str, error: str) -> None:
+    with serve_stack(tokenizer) as stack:
+        rollout, attempt = await _run(stack, {"kind": kind})
+    assert rollout.status is RolloutStatus.failed and rollout.reward is None
+    assert error in (attempt.error or ""), attempt.error
+
+
+async def test_agent_that_never_returns_times_out(tokenizer: Any) -> None:
+    with serve_stack(tokenizer) as stack:
+        rollout, attempt = await _run(stack, {"kind": "never_returns"}, timeout_s=3.0)
+    assert rollout.status is RolloutStatus.failed
+    assert attempt.error == "timed out: the agent did not finish within 3.0s"
+
+
+async def test_flood_of_llm_calls_is_cut_off_and_recorded(tokenizer: Any) -> None:
+    with serve_stack(tokenizer, max_calls_per_attempt=20) as stack:
+        rollout, attempt = await _run(stack, {"kind": "flood_calls", "calls": 1000})
+        spans = await stack.store.query_spans(SpanQuery(attempt_id=attempt.attempt_id, limit=1000))
+    assert rollout.status is RolloutStatus.failed and rollout.reward is None
+    assert "after its 20 LLM calls and reward reports" in (attempt.error or ""), attempt.error
+    assert "1 more were refused" in (attempt.error or "")
+    assert sum(s.name == semconv.SPAN_LLM_CALL for s in spans.items) == 20
+
+
+async def test_flood_of_spans_is_capped_and_recorded(tokenizer: Any) -> None:
+    with serve_stack(tokenizer) as stack:
+        rollout, attempt = await _run(stack, {"kind": "flood_spans", "spans": 500}, max_spans_per_attempt=100)
+        spans = await stack.store.query_spans(SpanQuery(attempt_id=attempt.attempt_id, limit=1000))
+    assert rollout.status is RolloutStatus.failed
+    # 500 tool steps and the agent's own span: 100 kept, 401 dropped.
+    assert attempt.error == (
+        "the agent recorded more than 100 spans in one attempt (Runner's max_spans_per_attempt); "
+        "401 were dropped"
+    )
+    assert len([s for s in spans.items if s.name.startswith("step ")]) == 100
+
+
+async def test_hundred_megabyte_body_is_refused(tokenizer: Any) -> None:
+    with serve_stack(tokenizer) as stack:
+        rollout, attempt = await _run(stack, {"kind": "huge_body"})
+        spans = await stack.store.query_spans(SpanQuery(attempt_id=attempt.attempt_id))
+    assert rollout.status is RolloutStatus.failed
+    assert "request body of 104857" in (attempt.error or "") and "16777216-byte limit" in (
+        attempt.error or ""
+    )
+    assert spans.items == []
+
+
+async def test_call_after_the_attempt_ended_is_refused_and_not_recorded(tokenizer: Any) -> None:
+    with serve_stack(tokenizer) as stack:
+        rollout, attempt = await _run(stack, {"kind": "late_call", "key": "late"})
+        assert rollout.status is RolloutStatus.succeeded  # the agent itself behaved until now
+        before = await stack.store.query_spans(SpanQuery(attempt_id=attempt.attempt_id))
+        llm = LATE_CALLERS.pop("late")
+        body = {"model": llm.model, "messages": [{"role": "user", "content": "hello"}]}
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {llm.api_key}"}) as client:
+            late = await client.post(llm.base_url + "/chat/completions", json=body)
+            reward = await client.post(llm.reward_url, json={"reward": 5.0})
+        spans = await stack.store.query_spans(SpanQuery(attempt_id=attempt.attempt_id))
+        after = await stack.store.get_rollout(rollout.rollout_id)
+    assert late.status_code == 409 and reward.status_code == 409
+    assert "is succeeded, not running" in late.json()["error"]["message"]
+    assert [span.name for span in before.items] == ["reinforge.final_reward"]  # what the runner recorded
+    assert spans.items == before.items and after.reward == 1.0
+
+
+async def test_hundreds_of_dropped_streams_leave_nothing_behind(tokenizer: Any) -> None:
+    with serve_stack(tokenizer) as stack:
+        calls_before = stack.gateway.calls
+        rollout, _ = await _run(stack, {"kind": "drop_streams"})
+        assert rollout.status is RolloutStatus.succeeded
+        assert stack.gateway.in_flight == 0 and not stack.gateway.paused
+        assert stack.gateway.calls - calls_before <= STREAMS_DROPPED + GOOD_ROLLOUTS
+        health = httpx.get(stack.gateway_url + "/health").json()
+    assert health["in_flight"] == 0
