@@ -58,7 +58,7 @@ from reinforge.training.rollouts import (
 )
 from reinforge.training.scheduling import RolloutScheduler
 from reinforge.training.transition_log import TransitionLog
-from reinforge.types import RolloutMode, new_id
+from reinforge.types import RolloutMode, Transition, new_id
 
 Dataset = Sequence[dict[str, Any]]
 
@@ -298,15 +298,7 @@ class Trainer:
                 )
                 advantages = compute_advantages(transitions, algo, values=values)
             learning_rate = cfg.optim.learning_rate_at(scheduler.run_progress(run.step - 1))
-            with phase_timer("update", times):
-                run.policy.set_learning_rate(learning_rate)
-                update = await asyncio.to_thread(run.policy.update, transitions, advantages.returns)
-            with phase_timer("transitions", times):  # their credit and advantages, for the dashboard
-                await asyncio.to_thread(run.transition_log.write, run.step, transitions)
-            with phase_timer("publish", times):
-                # The version advances only once the backend serves it (a failed sync raises).
-                await run.stack.publish(run.policy, run.version + 1)
-                run.version += 1
+            update = await self._learn(run, transitions, advantages.returns, learning_rate, times)
         return {
             "policy_version": run.version,
             "train/reward": mean_reward(rollouts),
@@ -338,14 +330,7 @@ class Trainer:
                 advantages = compute_advantages(batch.transitions, algo, values=values)
                 transitions, returns = batch.trained(advantages.returns)
             learning_rate = cfg.optim.learning_rate_at(scheduler.run_progress(run.step - 1))
-            with phase_timer("update", times):
-                run.policy.set_learning_rate(learning_rate)
-                update = await asyncio.to_thread(run.policy.update, transitions, returns)
-            with phase_timer("transitions", times):
-                await asyncio.to_thread(run.transition_log.write, run.step, transitions)
-            with phase_timer("publish", times):
-                await run.stack.publish(run.policy, run.version + 1)
-                run.version += 1
+            update = await self._learn(run, transitions, returns, learning_rate, times)
         return {
             "policy_version": run.version,
             "train/reward": mean_reward(batch.rollouts),
@@ -358,6 +343,26 @@ class Trainer:
             **advantages.metrics,
             **update,
         }
+
+    async def _learn(
+        self,
+        run: _Run,
+        transitions: Sequence[Transition],
+        returns: Sequence[float] | None,
+        learning_rate: float,
+        times: dict[str, float],
+    ) -> dict[str, Any]:
+        """The tail both schedules share: update → log the transitions → publish vN+1."""
+        with phase_timer("update", times):
+            run.policy.set_learning_rate(learning_rate)
+            update = await asyncio.to_thread(run.policy.update, transitions, returns)
+        with phase_timer("transitions", times):  # their credit and advantages, for the dashboard
+            await asyncio.to_thread(run.transition_log.write, run.step, transitions)
+        with phase_timer("publish", times):
+            # The version advances only once the backend serves it (a failed sync raises).
+            await run.stack.publish(run.policy, run.version + 1)
+            run.version += 1
+        return update
 
     async def _open_run(
         self,
