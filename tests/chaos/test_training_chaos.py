@@ -24,7 +24,11 @@ from reinforge.types import MAX_PAGE_SIZE, SpanQuery
 
 from .driver import ChaosDriver
 
-MAX_STEPS = 14
+MAX_STEPS = 40
+"""Enough that neither session can end while the driver waits for a restart: on a quiet machine a
+step takes well under a second, so a runner child's restart (a new interpreter importing torch) lets
+several steps pass, and a run that reached its last step before the driver's next kill would leave
+that kill unseen."""
 SESSION_TIMEOUT_S = 240.0
 """The longest any one wait may take (a session's start, a step, a restart): well inside the test's
 own timeout, so a stuck run fails with the trainer's log instead of pytest's stack dump."""

@@ -18,7 +18,7 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
-from reinforge.store.http.auth import TOKEN_ENV, token_path
+from reinforge.store.http.auth import TOKEN_ENV, token_path, write_private
 
 GATEWAY_SECRET_ENV = "REINFORGE_GATEWAY_SECRET"
 """Environment variable holding the gateway secret, for the server and the runners alike."""
@@ -28,17 +28,6 @@ GATEWAY_SECRET_FILE_NAME = "gateway.secret"
 
 def gateway_secret_path(run_dir: str | Path) -> Path:
     return Path(run_dir) / GATEWAY_SECRET_FILE_NAME
-
-
-def _write_private(path: Path, value: str) -> None:
-    """Create `path` with mode 0600 from the start (never readable by others, not even briefly)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, value.encode("utf-8"))
-    finally:
-        os.close(fd)
 
 
 def load_or_create_gateway_secret(run_dir: str | Path) -> str:
@@ -56,7 +45,7 @@ def load_or_create_gateway_secret(run_dir: str | Path) -> str:
     if existing and private:
         return existing
     secret = secrets.token_urlsafe(32)
-    _write_private(path, secret)
+    write_private(path, secret)
     return secret
 
 

@@ -34,14 +34,20 @@ def write_token(run_dir: str | Path, token: str) -> Path:
     an existing file's mode is tightened as well.
     """
     path = token_path(run_dir)
+    write_private(path, token)
+    return path
+
+
+def write_private(path: Path, value: str) -> None:
+    """Create (or replace) `path` with mode 0600 from the start: never readable by others, not even
+    briefly, and an existing file's mode is tightened as well."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         os.fchmod(fd, 0o600)
-        os.write(fd, token.encode("utf-8"))
+        os.write(fd, value.encode("utf-8"))
     finally:
         os.close(fd)
-    return path
 
 
 def read_token(run_dir: str | Path) -> str | None:
