@@ -165,7 +165,9 @@ class EngineProcess:
         # A plain child (not multiprocessing's spawn): the caller's script is not re-imported, so it
         # needs no `if __name__ == "__main__"` guard.
         process = subprocess.Popen(
-            [sys.executable, "-m", "reinforge.engine.process", str(theirs.fileno())],
+            # `-c`, not `-m reinforge.engine.process`: the package imports this module first, and
+            # runpy warns when a module it runs as __main__ is already imported.
+            [sys.executable, "-c", _CHILD_ENTRY, str(theirs.fileno())],
             pass_fds=[theirs.fileno()],
             env=env,
             stdin=subprocess.DEVNULL,
@@ -692,8 +694,9 @@ def _map(
     }
 
 
-if __name__ == "__main__":
-    # Run the module's own copy (not __main__'s), so the classes pickled across the pipe match.
-    from reinforge.engine.process import _serve as serve
-
-    serve(Connection(int(sys.argv[1])))
+_CHILD_ENTRY = (
+    "import sys; from multiprocessing.connection import Connection; "
+    "from reinforge.engine.process import _serve; _serve(Connection(int(sys.argv[1])))"
+)
+"""The child's whole program: the module's own copy of `_serve`, so the classes pickled across the
+pipe are the same on both sides."""
