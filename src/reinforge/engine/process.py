@@ -19,7 +19,6 @@ one, later calls fail too. If the parent dies, the child sees its pipe close and
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import itertools
 import logging
@@ -47,6 +46,7 @@ from reinforge.engine.errors import EngineError, EngineStoppedError
 from reinforge.engine.weights import WeightsSource, apply_state_dict, read_state_dict
 from reinforge.errors import InvalidRequestError
 from reinforge.inference.contract import SamplingParams
+from reinforge.restarts import DeathWindow, RestartPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class EngineProcessDiedError(EngineError):
 
 
 @dataclass(frozen=True)
-class EngineRestartPolicy:
+class EngineRestartPolicy(RestartPolicy):
     """Whether and how a dead engine child is replaced.
 
     Each death starts a new child (after `backoff_s`, doubled per earlier death in the window);
@@ -104,7 +104,7 @@ class EngineProcess:
         self._model: torch.nn.Module | None = model
         self._restarts = restarts
         self._adapters: dict[str, dict[str, torch.Tensor]] = {}  # adapter name -> its lora/... tensors
-        self._deaths: collections.deque[tuple[float, int | None]] = collections.deque()
+        self._deaths = DeathWindow()
         self._serving = threading.Event()
         self._replacing = False
         self.restarted = 0
@@ -212,19 +212,15 @@ class EngineProcess:
         deaths make a crash loop, or the new child fails to start."""
         policy = self._restarts
         assert policy is not None
-        now = time.monotonic()
-        self._deaths.append((now, code))
-        while self._deaths and self._deaths[0][0] < now - policy.crash_loop_window_s:
-            self._deaths.popleft()
-        if len(self._deaths) >= policy.crash_loop_deaths:
-            codes = ", ".join(str(c) for _, c in self._deaths)
+        if self._deaths.record(time.monotonic(), code, policy):
+            codes = ", ".join(str(c) for c in self._deaths.codes)
             self._failure = EngineProcessDiedError(
                 f"the engine process died {len(self._deaths)} times within "
                 f"{policy.crash_loop_window_s:.0f} s (exit codes {codes}); it is not restarted again"
             )
             logger.error("%s", self._failure)
             return False
-        time.sleep(min(policy.max_backoff_s, policy.backoff_s * 2 ** (len(self._deaths) - 1)))
+        time.sleep(policy.delay(len(self._deaths)))
         with self._start_lock:
             if self._stopping:
                 return False

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -19,8 +18,6 @@ from reinforge.inference.contract import Backend, GenerationRequest, GenerationR
 from reinforge.store.gateway_mount import GatewayBackendOptions
 from reinforge.store.protocol import Store
 from reinforge.types import LeasedRollout
-
-UPSTREAM_API_KEY_ENV = "REINFORGE_UPSTREAM_API_KEY"
 
 
 class NoModelError(ReinforgeError):
@@ -81,13 +78,13 @@ class StandaloneGateway:
         if options.model_dir is not None:
             backend = self._engine_backend(options)
         elif options.upstream is not None:
-            from reinforge.inference.upstream import UpstreamBackend
+            from reinforge.inference.upstream import UpstreamBackend, api_key_from_env
 
             assert options.upstream_model is not None
             backend = UpstreamBackend(
                 options.upstream,
                 options.upstream_model,
-                os.environ.get(UPSTREAM_API_KEY_ENV) or None,
+                api_key_from_env(),
                 flavor=options.upstream_flavor,
             )
         elif options.scripted is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from collections.abc import AsyncIterator
 from typing import Any, Literal
@@ -94,6 +95,15 @@ def _failure(url: str, exc: httpx.HTTPError) -> str:
     if isinstance(exc, httpx.TimeoutException):
         return f"upstream {url} timed out ({type(exc).__name__})"
     return f"upstream {url} failed: {type(exc).__name__}: {exc}"
+
+
+API_KEY_ENV = "REINFORGE_UPSTREAM_API_KEY"
+"""Where the upstream server's API key is read from when none is given (never from argv)."""
+
+
+def api_key_from_env() -> str | None:
+    """`$REINFORGE_UPSTREAM_API_KEY`, or None when it is unset or empty."""
+    return os.environ.get(API_KEY_ENV) or None
 
 
 class UpstreamBackend:

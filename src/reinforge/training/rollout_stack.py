@@ -37,7 +37,7 @@ from reinforge.engine.process import EngineProcess, EngineRestartPolicy
 from reinforge.errors import InvalidRequestError, NotFoundError, StaleAttemptError
 from reinforge.gateway.app import Gateway, create_gateway_app
 from reinforge.inference.contract import Backend
-from reinforge.inference.upstream import UpstreamBackend
+from reinforge.inference.upstream import UpstreamBackend, api_key_from_env
 from reinforge.net.background import BackgroundServer
 from reinforge.runner import Agent, AgentFunction, CommandAgent, Runner
 from reinforge.runner.ray_runners import RayRunners, RayRunnerSettings
@@ -68,8 +68,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 GATEWAY_MOUNT = "/gateway"
-UPSTREAM_KEY_ENV = "REINFORGE_UPSTREAM_API_KEY"
-"""Where the upstream server's API key is read from when `engine.api_key` is not set."""
 MODEL_NAME = "reinforge-policy"
 PROCESSES_FILE = "processes.json"
 """In the run folder while the stack runs: {"trainer": pid, "engine": pid | null, "runners": [pid, ...]}."""
@@ -135,7 +133,7 @@ class RolloutStack:
             api_key = (
                 engine.api_key.get_secret_value()
                 if engine.api_key is not None
-                else os.environ.get(UPSTREAM_KEY_ENV)
+                else api_key_from_env()
             )
             upstream = UpstreamBackend(
                 engine.url,

@@ -17,7 +17,6 @@ being run.
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import importlib
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from reinforge.errors import InvalidRequestError
+from reinforge.restarts import DeathWindow, RestartPolicy
 from reinforge.runner.agent import Agent, attribute_at
 from reinforge.runner.command import CommandAgent
 
@@ -100,21 +100,13 @@ class RunnerCrashLoopError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class RunnerRestartPolicy:
+class RunnerRestartPolicy(RestartPolicy):
     """How dead runner children come back.
 
     A death schedules a restart after `backoff_s`, doubled for each earlier death still inside the
     window (up to `max_backoff_s`): one lost process costs a second, a flapping one does not spin.
     `crash_loop_deaths` deaths of one child within `crash_loop_window_s` stop the run instead.
     """
-
-    backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
-    crash_loop_deaths: int = 5
-    crash_loop_window_s: float = 60.0
-
-    def delay(self, recent_deaths: int) -> float:
-        return min(self.max_backoff_s, self.backoff_s * 2 ** max(recent_deaths - 1, 0))
 
 
 @dataclass(frozen=True)
@@ -138,7 +130,7 @@ class _Child:
     index: int
     incarnation: int = 0
     proc: subprocess.Popen[bytes] | None = None
-    deaths: collections.deque[float] = field(default_factory=collections.deque)
+    deaths: DeathWindow = field(default_factory=DeathWindow)
     restart_at: float | None = None
     runner_id: str = ""
 
@@ -261,10 +253,7 @@ class RunnerProcesses:
                 continue
             pid = child.proc.pid
             child.proc = None
-            child.deaths.append(now)
-            while child.deaths and child.deaths[0] < now - policy.crash_loop_window_s:
-                child.deaths.popleft()
-            if len(child.deaths) >= policy.crash_loop_deaths:
+            if child.deaths.record(now, code, policy):
                 raise RunnerCrashLoopError(
                     f"runner process {child.index} (pid {pid}) died {len(child.deaths)} times within "
                     f"{policy.crash_loop_window_s:.0f} s (last exit code {code}), so it is not restarted "
