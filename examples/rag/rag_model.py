@@ -1,12 +1,20 @@
-"""The untrained model the warm start begins from: a tokenizer trained on the training corpus and a
-fresh tiny Llama. Held-out names never reach the tokenizer, so they are spelt from word pieces."""
+"""The untrained model the warm start begins from: a tokenizer and a fresh tiny Llama.
+
+The tokenizer learns its pieces from a *different* generated world, whose names share no word with
+the real one: its merges are the documents' fixed words and the syllables names are made of, never a
+whole training name. A training name and a held-out name are then spelt from the same kind of pieces,
+so copying a name piece by piece, which the warm start teaches on training names, works on held-out
+ones too.
+"""
 
 from __future__ import annotations
 
 import json
 from functools import cache
 
-from rag_data import corpus_text, train_tasks
+from rag_data import TEMPLATES, default_world
+from rag_data.corpus import part_documents
+from rag_data.world import generate_world, name_words
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from reinforge.models import build_tokenizer, tiny_llama
@@ -14,13 +22,27 @@ from reinforge.models import build_tokenizer, tiny_llama
 SEARCH_CALL_PREFIX = '{"name":"search","arguments":{"query":"'
 """The fixed text before every query, as the chat template writes it: one token, so the model copies a
 name over a short distance."""
+TOKENIZER_WORLD_SEED = 7
+"""The seed of the stand-in world the tokenizer is trained on (the real world's seed is 0)."""
+
+
+def tokenizer_corpus() -> list[str]:
+    """Documents, questions, answers and search calls of a stand-in world with names of its own."""
+    stand_in = generate_world(seed=TOKENIZER_WORLD_SEED, avoid=name_words(default_world())).train
+    lines = [d.text for d in part_documents(stand_in)]
+    names = list(stand_in.names())
+    for i, template in enumerate(TEMPLATES):
+        lines += [template.question.format(n) for n in names[i :: len(TEMPLATES)]]
+    lines += [f"ANSWER: {n}" for n in names[::3]]
+    lines += [json.dumps({"query": n}, separators=(",", ":")) for n in names[1::3]]
+    return [*lines, "search(query): Search the wiki"]
 
 
 @cache
 def tokenizer() -> PreTrainedTokenizerFast:
-    lines = corpus_text(train_tasks()).splitlines()
-    lines += ["search(query): Search the wiki", json.dumps({"query": "Paslas Labs"}, separators=(",", ":"))]
-    return build_tokenizer(lines, vocab_size=640, special_tokens=[SEARCH_CALL_PREFIX, "ANSWER: "])
+    return build_tokenizer(
+        tokenizer_corpus(), vocab_size=640, special_tokens=[SEARCH_CALL_PREFIX, "ANSWER: "]
+    )
 
 
 def fresh_model() -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:

@@ -26,7 +26,7 @@ ANSWER_EARLY = 0.55
 
 @cache
 def _tasks_by_question() -> dict[str, RagTask]:
-    return {t.question: t for t in generate_tasks("train", 4000, seed=0)}
+    return {t.question: t for t in generate_tasks("train", 12000, seed=0)}
 
 
 def _plan(task: RagTask) -> list[ScriptedReply]:

@@ -96,7 +96,7 @@ def test_held_out_names_never_reach_training(all_tasks: list[dict[str, Any]]) ->
     held_out = sorted(world.val.names(), key=len, reverse=True)
     pattern = re.compile(r"\b(?:" + "|".join(map(re.escape, held_out)) + r")\b")
     train = [t for t in all_tasks if t["split"] == "train"]
-    assert len(train) == 4000
+    assert len(train) == 12000
     for t in train:
         text = "\n".join([t["question"], t["answer"], t["trap"], *t["chain"]])
         assert not pattern.search(text), t
@@ -117,7 +117,7 @@ def test_held_out_names_never_reach_training(all_tasks: list[dict[str, Any]]) ->
 
 
 def test_split_sizes_and_hop_mix() -> None:
-    for tasks, n in ((rag_data.train_tasks(), 4000), (rag_data.val_tasks(), 256)):
+    for tasks, n in ((rag_data.train_tasks(), 12000), (rag_data.val_tasks(), 256)):
         assert len(tasks) == n == len({t["question"] for t in tasks})
         hops = Counter(t["hops"] for t in tasks)
         assert hops == {2: round(0.6 * n), 3: n - round(0.6 * n)}
@@ -239,3 +239,26 @@ def test_missing_fts5_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(search_module.sqlite3, "connect", lambda *a, **k: NoFts5())
     with pytest.raises(rag_data.Fts5UnavailableError, match="FTS5"):
         search_module.check_fts5.__wrapped__()
+
+
+# --- tokenizer ------------------------------------------------------------------------------------
+
+
+def test_the_tokenizer_learns_pieces_from_a_world_of_other_names() -> None:
+    rag_model = importlib.import_module("rag_model")
+    world = rag_data.default_world()
+    stand_in = "\n".join(rag_model.tokenizer_corpus())
+    real_words = rag_data.world.name_words(world) - {
+        *rag_data.world.COMPANY_SUFFIXES,
+        *rag_data.world.BOOK_SUFFIXES,
+    }
+    assert not real_words & set(re.findall(r"[A-Z][a-z]+", stand_in))  # no real name word reaches it
+    tok = rag_model.tokenizer()
+
+    def pieces(names: list[str]) -> float:
+        return sum(len(tok(" " + n)["input_ids"]) for n in names) / len(names)
+
+    train_names = list(world.train.people)[:400]
+    val_names = list(world.val.people)[:400]
+    # a training name is not one memorised token: it is spelt from as many pieces as a held-out name
+    assert pieces(train_names) > 4 and abs(pieces(train_names) - pieces(val_names)) < 0.5

@@ -11,7 +11,7 @@ from reinforge.demo.calculator import CALCULATOR_TOOL
 from reinforge.demo.tasks import generate_tasks, make_task
 from reinforge.demo.traces import TraceMix, synthetic_trace, synthetic_traces
 from reinforge.errors import InvalidRequestError
-from reinforge.training.sft import SftConfig, render_conversation, supervised_finetune
+from reinforge.training.sft import SftConfig, length_grouped_batches, render_conversation, supervised_finetune
 
 from .conftest import small_model
 
@@ -56,3 +56,29 @@ def test_supervised_finetune_lowers_the_loss(tokenizer: Any) -> None:
     assert not model.training  # left in eval mode for generation
     with pytest.raises(InvalidRequestError):
         supervised_finetune(model, [])
+
+
+def test_length_grouped_batches_cover_every_example_once_per_epoch_with_little_padding() -> None:
+    rng = random.Random(3)
+    lengths = [rng.randrange(10, 400) for _ in range(1000)]
+    batches = length_grouped_batches(lengths, 16, random.Random(0))
+    epoch = [next(batches) for _ in range(63)]  # 1000 / 16 -> 62 full batches and one of 8
+    seen = [i for batch in epoch for i in batch]
+    assert sorted(seen) == list(range(1000))
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in epoch)
+    random_padded = sum(16 * max(rng.sample(lengths, 16)) for _ in range(63))
+    assert padded < 0.6 * random_padded  # most of a random batch is padding; a grouped one is not
+    assert sorted(i for _ in range(63) for i in next(batches)) == list(range(1000))  # the next epoch too
+
+
+def test_length_grouped_finetune_lowers_the_loss(tokenizer: Any) -> None:
+    model = small_model(tokenizer)
+    traces = synthetic_traces(generate_tasks("train", 64, seed=2), seed=2)
+    examples = [render_conversation(tokenizer, t, [CALCULATOR_TOOL]) for t in traces]
+    report = supervised_finetune(
+        model,
+        examples,
+        SftConfig(steps=25, batch_size=16, warmup_steps=2, batching="length_grouped"),
+        pad_id=tokenizer.pad_token_id,
+    )
+    assert report.steps == 25 and report.last_loss < 0.6 * report.first_loss

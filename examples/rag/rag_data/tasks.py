@@ -214,7 +214,7 @@ def generate_tasks(split: Split, n: int, seed: int) -> tuple[RagTask, ...]:
     return tuple(tasks)
 
 
-def train_tasks(n: int = 4000, seed: int = 0) -> list[dict[str, object]]:
+def train_tasks(n: int = 12000, seed: int = 0) -> list[dict[str, object]]:
     """Training questions (about the world's train entities), as task dicts; cached per (n, seed)."""
     return [t.as_task() for t in generate_tasks("train", n, seed)]
 

@@ -130,11 +130,7 @@ class RolloutStack:
             self.weight_sync = EmbeddedEngineSync(self.engine)
         else:
             assert engine.url is not None and engine.weights_dir is not None  # EngineSettings checks
-            api_key = (
-                engine.api_key.get_secret_value()
-                if engine.api_key is not None
-                else api_key_from_env()
-            )
+            api_key = engine.api_key.get_secret_value() if engine.api_key is not None else api_key_from_env()
             upstream = UpstreamBackend(
                 engine.url,
                 engine.served_model,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Literal
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
@@ -34,6 +34,9 @@ class SftConfig(BaseModel):
     max_seconds: float | None = Field(default=None, gt=0)
     """Stop early after this much wall time (the schedule still decays over `steps`)."""
     seed: int = 0
+    batching: Literal["random", "length_grouped"] = "random"
+    """`random` draws each batch's examples with replacement; `length_grouped` goes through the examples
+    epoch by epoch in batches of similar lengths, which pads far less when lengths vary widely."""
 
 
 class SftExample(BaseModel):
@@ -131,6 +134,33 @@ def _lr_factor(step: int, config: SftConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+LENGTH_GROUP_BATCHES = 32
+"""Batches per length group: each group of this many batches' examples is sorted by length before it
+is cut into batches, so a batch pads to a length close to its own examples' (as transformers'
+`LengthGroupedSampler` does) while the order across groups stays random."""
+
+
+def _random_batches(n: int, batch_size: int, rng: random.Random) -> Iterator[list[int]]:
+    while True:
+        yield [rng.randrange(n) for _ in range(batch_size)]
+
+
+def length_grouped_batches(
+    lengths: Sequence[int], batch_size: int, rng: random.Random
+) -> Iterator[list[int]]:
+    """Endless batches of example indices: every example once per epoch, batches of similar lengths."""
+    order = list(range(len(lengths)))
+    group = batch_size * LENGTH_GROUP_BATCHES
+    while True:
+        rng.shuffle(order)
+        batches: list[list[int]] = []
+        for start in range(0, len(order), group):
+            chunk = sorted(order[start : start + group], key=lengths.__getitem__)
+            batches += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+        rng.shuffle(batches)
+        yield from batches
+
+
 def supervised_finetune(
     model: PreTrainedModel,
     examples: Sequence[SftExample],
@@ -139,7 +169,7 @@ def supervised_finetune(
     pad_id: int = 0,
     on_step: Callable[[int, float], None] | None = None,
 ) -> SftReport:
-    """Train `model` in place on `examples` (batches drawn with replacement, cosine schedule)."""
+    """Train `model` in place on `examples` (batches as `config.batching` says; cosine schedule)."""
     config = config or SftConfig()
     if not examples:
         raise InvalidRequestError("supervised_finetune needs at least one example")
@@ -152,9 +182,14 @@ def supervised_finetune(
     start = time.monotonic()
     first_loss = last_loss = float("nan")
     step = 0
+    batches = (
+        length_grouped_batches([len(ex.input_ids) for ex in examples], config.batch_size, rng)
+        if config.batching == "length_grouped"
+        else _random_batches(len(examples), config.batch_size, rng)
+    )
     try:
         for step in range(1, config.steps + 1):
-            batch = [examples[rng.randrange(len(examples))] for _ in range(config.batch_size)]
+            batch = [examples[i] for i in next(batches)]
             loss = masked_lm_loss(model, *_collate(batch, pad_id))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
