@@ -11,6 +11,7 @@ produces goes through the store.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import gc
 import random
@@ -352,12 +353,27 @@ class Trainer:
         learning_rate: float,
         times: dict[str, float],
     ) -> dict[str, Any]:
-        """The tail both schedules share: update → log the transitions → publish vN+1."""
+        """The tail both schedules share: update (the transitions logged meanwhile) → publish vN+1.
+
+        The transitions' record (their credit and advantages, for the dashboard) is written in a
+        second thread during the update rather than after it, on the step's path: the update's torch
+        ops release the interpreter lock, and (synchronous schedule) the runners and the engine wait
+        for the new version meanwhile, so the decoding has a core to itself. `time/transitions_s` is
+        what remains of the write once the update is done.
+        """
+        run.policy.set_learning_rate(learning_rate)
         with phase_timer("update", times):
-            run.policy.set_learning_rate(learning_rate)
-            update = await asyncio.to_thread(run.policy.update, transitions, returns)
-        with phase_timer("transitions", times):  # their credit and advantages, for the dashboard
-            await asyncio.to_thread(run.transition_log.write, run.step, transitions)
+            updating = asyncio.ensure_future(asyncio.to_thread(run.policy.update, transitions, returns))
+            write = run.transition_log.write
+            writing = asyncio.ensure_future(asyncio.to_thread(write, run.step, transitions))
+            try:
+                update = await updating
+            except BaseException:
+                with contextlib.suppress(BaseException):  # the update's error is the one to raise
+                    await writing
+                raise
+        with phase_timer("transitions", times):
+            await writing
         with phase_timer("publish", times):
             # The version advances only once the backend serves it (a failed sync raises).
             await run.stack.publish(run.policy, run.version + 1)
