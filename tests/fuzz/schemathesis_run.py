@@ -43,11 +43,12 @@ def run_schemathesis(
     exclude_path_regex: str | None = None,
     include_path_regex: str | None = None,
     exclude_checks: str | None = None,
+    phases: str = "examples,coverage,fuzzing,stateful",
     base_url: str | None = None,
     timeout_s: float = 300,
 ) -> FuzzReport:
-    """`st run` with all checks (but `exclude_checks`), positive and negative cases, every phase;
-    the parsed JSON report. `schema_url` may be a file, served at `base_url`."""
+    """`st run` with all checks (but `exclude_checks`), positive and negative cases, every phase (or
+    `phases`); the parsed JSON report. `schema_url` may be a file, served at `base_url`."""
     report = report_dir / "schemathesis.json"
     cmd = [
         str(Path(sys.executable).with_name("st")),
@@ -55,7 +56,7 @@ def run_schemathesis(
         schema_url,
         "--checks", "all",
         "--mode", "all",
-        "--phases", "examples,coverage,fuzzing,stateful",
+        "--phases", phases,
         "--max-examples", str(max_examples),
         "--seed", str(SEED),
         "--workers", "1",

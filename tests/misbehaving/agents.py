@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 from typing import Any
 
-import httpx
 import openai
 
 import reinforge
@@ -13,9 +13,11 @@ from reinforge.runner import LLM
 
 LATE_CALLERS: dict[str, LLM] = {}
 """The credentials a `late_call` agent kept, by rollout id, to call with after its attempt ended."""
-STREAMS_DROPPED = 300
-"""Enough to show a leak per dropped stream (calls in flight, open generators) hundreds of times over;
-sized for a busy 2-core CI machine."""
+STREAMS_DROPPED = 2000
+"""Thousands: a leak per dropped stream (a call in flight, an open generator, a socket, a task) shows
+thousands of times over; still a few seconds on a busy 2-core CI machine."""
+STREAMS_AT_ONCE = 200
+"""Streams the agent holds open at a time (as many sockets on the gateway's side)."""
 BODY_BYTES = 100 * 1024 * 1024
 
 
@@ -28,22 +30,16 @@ async def _ask(llm: LLM) -> str:
     return reply.choices[0].message.content or ""
 
 
-async def _drop_streams(llm: LLM) -> None:
-    """Open many streaming calls, read each one's first bytes, and hang up."""
-    body = {"model": llm.model, "stream": True, "messages": [{"role": "user", "content": "hello"}]}
-    headers = {"Authorization": f"Bearer {llm.api_key}"}
-    limits = httpx.Limits(max_connections=50)
-    async with httpx.AsyncClient(
-        base_url=llm.base_url, headers=headers, limits=limits, timeout=httpx.Timeout(30, pool=None)
-    ) as client:
-
-        async def one() -> None:
-            async with client.stream("POST", "/chat/completions", json=body) as response:
-                assert response.status_code == 200
-                async for _ in response.aiter_raw():
-                    break  # the first chunk, then the connection goes back half-read (closed)
-
-        await asyncio.gather(*(one() for _ in range(STREAMS_DROPPED)))
+async def _drop_streams(llm: LLM) -> int:
+    """Open many streaming calls, read each one's first bytes and hang up, from another process (as
+    an agent's own subprocess would); returns how many were answered with a 200."""
+    args = [llm.base_url, llm.api_key, str(STREAMS_DROPPED), str(STREAMS_AT_ONCE)]
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.misbehaving.stream_dropper", *args, stdout=asyncio.subprocess.PIPE
+    )
+    out, _ = await process.communicate()
+    assert process.returncode == 0, process.returncode
+    return int(out)
 
 
 def _send_huge_body(llm: LLM) -> None:
@@ -85,8 +81,9 @@ async def misbehaving(task: dict[str, Any], llm: LLM) -> Any:
         LATE_CALLERS[task["key"]] = llm
         return 1.0
     if kind == "drop_streams":
-        # In a thread with its own event loop, as another process would: the flood competes with the
-        # other rollouts for the gateway, not for this runner's event loop.
-        await asyncio.to_thread(asyncio.run, _drop_streams(llm))
+        answered = await _drop_streams(llm)
+        assert answered == STREAMS_DROPPED, answered
+        # What the agent ends with is what its runner reports: the dropped calls are the gateway's to
+        # record (as cancelled), not the agent's.
         return 1.0
     raise AssertionError(f"unknown kind {kind!r}")

@@ -4,6 +4,7 @@ trainer serves them, and a Runner running one misbehaving rollout among well-beh
 from __future__ import annotations
 
 import asyncio
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -48,9 +49,12 @@ def tokenizer() -> Any:
 
 
 @contextmanager
-def serve_stack(tokenizer: Any, *, max_calls_per_attempt: int = 10_000) -> Iterator[Stack]:
+def serve_stack(
+    tokenizer: Any, *, max_calls_per_attempt: int = 10_000, generation_s: float = 0.0
+) -> Iterator[Stack]:
+    """`generation_s`: how long each scripted generation takes (a stream spreads it over its tokens)."""
     store = MemoryStore()
-    backend = ScriptedBackend(tokenizer, ["The answer is 4."])
+    backend = ScriptedBackend(tokenizer, ["The answer is 4."], delay_s=generation_s)
     app = create_store_app(store, STORE_TOKEN)
     gateway_app = create_gateway_app(
         store, backend, GATEWAY_SECRET, max_calls_per_attempt=max_calls_per_attempt
@@ -77,8 +81,15 @@ async def final(store: MemoryStore, rollouts: list[Rollout], timeout: float = 30
 
 
 async def until_idle(gateway: Gateway, timeout: float = 10.0) -> None:
-    """The gateway has no call in flight (a dropped stream left nothing behind)."""
+    """The gateway has no call in flight and no stream open (a dropped stream left nothing behind)."""
     deadline = asyncio.get_running_loop().time() + timeout
-    while gateway.in_flight:
-        assert asyncio.get_running_loop().time() < deadline, f"{gateway.in_flight} calls still in flight"
+    while gateway.in_flight or gateway.open_streams:
+        assert asyncio.get_running_loop().time() < deadline, (
+            f"{gateway.in_flight} calls still in flight, {gateway.open_streams} streams open"
+        )
         await asyncio.sleep(0.02)
+
+
+def open_fds() -> int:
+    """File descriptors this process holds (the test's server and clients all live in it)."""
+    return len(os.listdir("/proc/self/fd"))

@@ -17,8 +17,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
 
+from reinforge.gateway.body_schemas import MAX_TOKENS, Documented, OrText
 from reinforge.gateway.errors import GatewayHTTPError
 from reinforge.inference.contract import GenerationRequest, SamplingParams
+from reinforge.types import INTEGRAL
 
 
 class _Strict(BaseModel):
@@ -35,7 +37,7 @@ class TextBlock(_Strict):
     type: Literal["text"]
     text: str
     cache_control: dict[str, Any] | None = None
-    citations: list[Any] | None = None
+    citations: Annotated[list[Any], Documented({"maxItems": 0})] | None = None
 
     @field_validator("citations")
     @classmethod
@@ -60,7 +62,7 @@ class ToolUseBlock(_Strict):
 class ToolResultBlock(_Strict):
     type: Literal["tool_result"]
     tool_use_id: str
-    content: Annotated[list[TextBlock], BeforeValidator(_as_blocks)] = Field(default_factory=list)
+    content: Annotated[list[TextBlock], BeforeValidator(_as_blocks), OrText()] = Field(default_factory=list)
     is_error: bool | None = None
     cache_control: dict[str, Any] | None = None
 
@@ -70,9 +72,25 @@ _BLOCK_TAGS = frozenset({"text", "tool_use", "tool_result"})
 _SUPPORTED_BLOCKS = "text, tool_use or tool_result"
 
 
+def _refused_in(role: str, block: str) -> dict[str, Any]:
+    """A message of `role` holding a `block` block (the parser refuses it, naming the block)."""
+    holds = {"type": "object", "required": ["type"], "properties": {"type": {"const": block}}}
+    content = {"type": "array", "contains": holds}
+    return {
+        "not": {"required": ["role", "content"], "properties": {"role": {"const": role}, "content": content}}
+    }
+
+
 class Message(_Strict):
+    # tool_use blocks come from the assistant, tool_result blocks from the user (`chat_messages`).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [_refused_in("user", "tool_use"), _refused_in("assistant", "tool_result")]
+        }
+    )
+
     role: Literal["user", "assistant"]
-    content: Annotated[list[ContentBlock], BeforeValidator(_as_blocks)]
+    content: Annotated[list[ContentBlock], BeforeValidator(_as_blocks), OrText()]
 
 
 class Tool(_Strict):
@@ -86,6 +104,16 @@ class Tool(_Strict):
 
 
 class ToolChoice(_Strict):
+    # A `tool` choice names the tool (`chat_tool_choice`).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"type": {"enum": ["auto", "any", "none"]}}},
+                {"required": ["name"], "properties": {"name": {"type": "string", "minLength": 1}}},
+            ]
+        }
+    )
+
     type: Literal["auto", "any", "tool", "none"]
     name: str | None = None
     disable_parallel_tool_use: bool | None = None
@@ -93,6 +121,22 @@ class ToolChoice(_Strict):
 
 class Thread(_Strict):
     """The message-threads beta: the gateway holds the conversation under the id of its last reply."""
+
+    # Only a continue names a reply, and it must (`AnthropicMessages`).
+    model_config = ConfigDict(
+        json_schema_extra={
+            "anyOf": [
+                {"properties": {"type": {"const": "create"}, "previous_message_id": {"type": "null"}}},
+                {
+                    "required": ["previous_message_id"],
+                    "properties": {
+                        "type": {"const": "continue"},
+                        "previous_message_id": {"type": "string", "minLength": 1},
+                    },
+                },
+            ]
+        }
+    )
 
     type: Literal["create", "continue"]
     previous_message_id: str | None = None
@@ -103,18 +147,28 @@ class Thinking(_Strict):
     """Extended thinking is not supported; `{"type": "disabled"}` is accepted."""
 
 
+def _kept_by_the_thread(name: str) -> dict[str, Any]:
+    """A continue that sends `name` (refused: the thread keeps the one it was created with)."""
+    thread = {"type": "object", "required": ["type"], "properties": {"type": {"const": "continue"}}}
+    return {"not": {"required": ["thread", name], "properties": {"thread": thread}}}
+
+
 class MessagesBody(_Strict):
     """`POST /v1/messages`."""
 
+    model_config = ConfigDict(
+        json_schema_extra={"allOf": [_kept_by_the_thread("system"), _kept_by_the_thread("tools")]}
+    )
+
     model: str
-    max_tokens: int
-    messages: list[Message]
-    system: Annotated[list[TextBlock], BeforeValidator(_as_blocks)] = Field(default_factory=list)
+    max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS), INTEGRAL]
+    messages: Annotated[list[Message], Documented({"minItems": 1})]
+    system: Annotated[list[TextBlock], BeforeValidator(_as_blocks), OrText()] = Field(default_factory=list)
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    temperature: Annotated[float, Field(ge=0.0, le=10.0)] | None = None
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Field(ge=0, le=MAX_TOKENS), INTEGRAL] | None = None
     stop_sequences: list[str] | None = None
     stream: bool = False
     thread: Thread | None = None

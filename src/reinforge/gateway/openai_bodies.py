@@ -9,13 +9,16 @@ field, honoured or refused, is in docs/gateway.md.
 
 from __future__ import annotations
 
-from typing import Any, Literal, TypeVar
+import re
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, WithJsonSchema
 
 from reinforge.finish_wire import FinishBody
+from reinforge.gateway import body_schemas as schemas
 from reinforge.gateway.errors import GatewayHTTPError
 from reinforge.inference.contract import GenerationRequest, ResponseFormat, SamplingParams
+from reinforge.types import INTEGRAL
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -23,6 +26,62 @@ _ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "functio
 
 MAX_CHOICES = 16
 """The most samples one request may ask for (`n`): each is a generation and a recorded call."""
+
+_TOKEN_ID_KEY = re.compile(schemas.TOKEN_ID_KEY)
+
+# Numbers as the published schema states them: JSON Schema's integer (`3.0` too, never `true`), and
+# the bounds `SamplingParams` and the backends hold to.
+TokenId = Annotated[int, Field(ge=0, le=schemas.MAX_TOKEN_ID), INTEGRAL]
+TokenCount = Annotated[int, Field(ge=1, le=schemas.MAX_TOKENS), INTEGRAL]
+Seed = Annotated[int, Field(ge=schemas.INT64[0], le=schemas.INT64[1]), INTEGRAL]
+TopK = Annotated[int, Field(ge=-schemas.MAX_TOKENS - 1, le=schemas.MAX_TOKENS), INTEGRAL]
+"""vLLM's spelling: -1 (or any negative) for no top-k."""
+Temperature = Annotated[float, Field(ge=0.0, le=10.0)]
+TopP = Annotated[float, Field(gt=0.0, le=1.0)]
+Penalty = Annotated[float, Field(ge=-2.0, le=2.0)]
+Choices = Annotated[int, Field(ge=1, le=MAX_CHOICES), INTEGRAL]
+OnlyZero = Annotated[int, Field(ge=0, le=0), INTEGRAL]
+"""A count the gateway serves only at 0 (alternatives per token: none are recorded)."""
+OnlyOne = Annotated[int, Field(ge=1, le=1), INTEGRAL]
+
+
+def _false(value: bool) -> bool:
+    if value:
+        raise ValueError("only false is served")
+    return value
+
+
+OnlyFalse = Annotated[bool, AfterValidator(_false), WithJsonSchema({"const": False})]
+Unsupported = Annotated[None, WithJsonSchema({"type": "null"})]
+"""A parameter the gateway does not serve: only its absence (or null) is accepted."""
+
+_WHY_REFUSED: dict[str, str] = {
+    "n": f"must be between 1 and {MAX_CHOICES}",
+    "top_logprobs": "alternative tokens are not recorded; use logprobs=true alone",
+    "echo": "echo is not supported",
+    "suffix": "suffix is not supported",
+    "best_of": "only best_of=1 is supported",
+    "previous_response_id": "the gateway keeps no conversation state; send the whole input",
+    "conversation": "not supported",
+    "prompt": "not supported",
+    "background": "background responses are not supported",
+    "reasoning": "reasoning options are not supported",
+    "modalities": "only text output is supported",
+    "audio": "not supported by the reinforge gateway",
+    "prediction": "not supported by the reinforge gateway",
+    "functions": "not supported by the reinforge gateway",
+    "function_call": "not supported by the reinforge gateway",
+    "web_search_options": "not supported by the reinforge gateway",
+    "reasoning_effort": "not supported by the reinforge gateway",
+}
+"""Why a value of these parameters is refused (their type admits only what the gateway serves)."""
+_PER_MODEL_WHY: dict[tuple[str, str], str] = {
+    (
+        "CompletionBody",
+        "logprobs",
+    ): "alternative tokens are not recorded; use logprobs=0 for the chosen tokens",
+    ("ResponsesBody", "top_logprobs"): "alternative tokens are not recorded",
+}
 
 
 class _Body(BaseModel):
@@ -40,70 +99,79 @@ class _Body(BaseModel):
     safety_identifier: str | None = None
     # Sampling.
     stream: bool = False
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int | None = None
-    stop_token_ids: list[int] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    top_k: TopK | None = None
+    seed: Seed | None = None
+    stop_token_ids: list[TokenId] | None = None
     # Reinforge/vLLM extension: include the token ids in the response.
     return_token_ids: bool = False
 
 
 class _OpenAISampling(_Body):
+    # n>1 is served without streaming: the schema ties the two fields (`choice_count` checks it).
+    model_config = ConfigDict(json_schema_extra=schemas.SAMPLES_NOT_STREAMED)
+
     stop: str | list[str] | None = None
-    n: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    n: Choices | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: Annotated[dict[str, float] | None, WithJsonSchema(schemas.LOGIT_BIAS)] = None
     stream_options: dict[str, Any] | None = None
 
 
+# The structured fields below are typed loosely for pydantic and checked by the request builders
+# (`chat_request`...), whose refusals name the exact parameter; `body_schemas` states those checks.
+
+
 class ChatCompletionBody(_OpenAISampling):
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    max_tokens: int | None = None
-    max_completion_tokens: int | None = None
+    messages: Annotated[list[dict[str, Any]], WithJsonSchema(schemas.CHAT_MESSAGES)] = Field(min_length=1)
+    max_tokens: TokenCount | None = None
+    max_completion_tokens: TokenCount | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    top_logprobs: OnlyZero | None = None
+    tools: Annotated[list[dict[str, Any]] | None, WithJsonSchema(schemas.nullable(schemas.CHAT_TOOLS))] = None
+    tool_choice: Annotated[Any, WithJsonSchema(schemas.CHAT_TOOL_CHOICE)] = None
     parallel_tool_calls: bool | None = None
-    response_format: dict[str, Any] | None = None
-    reasoning_effort: str | None = None
-    modalities: list[str] | None = None
-    audio: dict[str, Any] | None = None
-    prediction: dict[str, Any] | None = None
-    functions: list[dict[str, Any]] | None = None
-    function_call: Any = None
-    web_search_options: dict[str, Any] | None = None
+    response_format: Annotated[dict[str, Any] | None, WithJsonSchema(schemas.CHAT_RESPONSE_FORMAT)] = None
+    reasoning_effort: Unsupported = None
+    modalities: Annotated[list[Literal["text"]], Field(max_length=1)] | None = None
+    audio: Unsupported = None
+    prediction: Unsupported = None
+    functions: Unsupported = None
+    function_call: Unsupported = None
+    web_search_options: Unsupported = None
     verbosity: str | None = None
 
 
 class CompletionBody(_OpenAISampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = 16
-    logprobs: int | None = None
-    echo: bool | None = None
-    suffix: str | None = None
-    best_of: int | None = None
+    prompt: Annotated[str | list[str] | list[TokenId] | list[list[TokenId]], WithJsonSchema(schemas.PROMPT)]
+    max_tokens: TokenCount | None = 16
+    logprobs: OnlyZero | None = None
+    echo: OnlyFalse | None = None
+    suffix: Literal[""] | None = None
+    best_of: OnlyOne | None = None
 
 
 class ResponsesBody(_Body):
-    input: str | list[dict[str, Any]]
+    input: Annotated[str | list[dict[str, Any]], WithJsonSchema(schemas.RESPONSES_INPUT)]
     instructions: str | None = None
-    max_output_tokens: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    max_output_tokens: TokenCount | None = None
+    tools: Annotated[
+        list[dict[str, Any]] | None, WithJsonSchema(schemas.nullable(schemas.RESPONSES_TOOLS))
+    ] = None
+    tool_choice: Annotated[Any, WithJsonSchema(schemas.RESPONSES_TOOL_CHOICE)] = None
     parallel_tool_calls: bool | None = None
-    previous_response_id: str | None = None
-    reasoning: dict[str, Any] | None = None
-    text: dict[str, Any] | None = None
+    previous_response_id: Literal[""] | None = None
+    reasoning: dict[str, None] | None = None
+    text: Annotated[dict[str, Any] | None, WithJsonSchema(schemas.RESPONSES_TEXT)] = None
     include: list[str] | None = None
-    top_logprobs: int | None = None
+    top_logprobs: OnlyZero | None = None
     truncation: Literal["disabled", "auto"] | None = None
-    background: bool | None = None
+    background: OnlyFalse | None = None
     max_tool_calls: int | None = None
-    conversation: Any = None
-    prompt: Any = None
+    conversation: Unsupported = None
+    prompt: Unsupported = None
     stream_options: dict[str, Any] | None = None
 
 
@@ -116,16 +184,26 @@ class RewardBody(BaseModel):
 
 
 def parse_body(model: type[M], data: Any) -> M:
-    """Validate a decoded JSON body; a validation failure becomes a 400 naming the parameter."""
+    """Validate a decoded JSON body; a validation failure becomes a 400 naming the parameter (and,
+    for a value the gateway does not serve, why)."""
     if not isinstance(data, dict):
         raise GatewayHTTPError(400, "the request body must be a JSON object")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        if first["type"] == "extra_forbidden":
+        loc = first["loc"]
+        param = ".".join(str(p) for p in loc) or None
+        kind = first["type"]
+        why = (
+            _PER_MODEL_WHY.get((model.__name__, str(loc[0])), _WHY_REFUSED.get(str(loc[0]))) if loc else None
+        )
+        if kind == "extra_forbidden":
             message = f"Unrecognized request argument supplied: {param}"
+        elif why is not None and (kind == "none_required" or not kind.endswith("_type")):
+            param = str(loc[0])
+            code = "invalid_value" if param == "n" else "unsupported_parameter"
+            raise GatewayHTTPError(400, f"{param}: {why}", param=param, code=code) from None
         else:
             message = f"{param}: {first['msg']}" if param else first["msg"]
         raise GatewayHTTPError(400, message, param=param, code="invalid_value") from None
@@ -150,30 +228,34 @@ def choice_count(n: int | None, stream: bool) -> int:
 def _logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
     bias: dict[int, float] = {}
     for key, value in (raw or {}).items():
-        try:
-            token = int(key)
-        except ValueError:
+        if not _TOKEN_ID_KEY.match(key):
             raise GatewayHTTPError(
                 400, f"logit_bias: keys are token ids, got {key!r}", param="logit_bias", code="invalid_value"
-            ) from None
-        bias[token] = value
+            )
+        bias[int(key)] = value
     return bias
 
 
-def _response_format(raw: dict[str, Any] | None, param: str) -> ResponseFormat | None:
-    """OpenAI's `response_format` (chat) or `text.format` (responses) as a ResponseFormat."""
-    if not raw or raw.get("type") in (None, "text"):
+def _response_format(raw: Any, param: str, nested: bool) -> ResponseFormat | None:
+    """OpenAI's `response_format` (chat: the schema nested under `json_schema`) or `text.format`
+    (responses: the schema beside `type`) as a ResponseFormat."""
+    if raw is None:
         return None
+    if not isinstance(raw, dict):
+        raise GatewayHTTPError(400, f"{param}: must be an object with a 'type'", param=param)
     kind = raw.get("type")
+    if kind in (None, "text"):
+        return None
     if kind == "json_object":
         return ResponseFormat(type="json_object")
     if kind != "json_schema":
         raise _reject(f"{param}.type", f"must be 'text', 'json_object' or 'json_schema', got {kind!r}")
-    spec = raw.get("json_schema", raw)  # chat nests the schema; responses' text.format does not
+    spec = raw.get("json_schema") if nested else raw
     schema = spec.get("schema") if isinstance(spec, dict) else None
     if not isinstance(schema, dict):
-        where = f"{param}.json_schema.schema" if "json_schema" in raw else f"{param}.schema"
+        where = f"{param}.json_schema.schema" if nested else f"{param}.schema"
         raise GatewayHTTPError(400, f"{where}: a JSON Schema object is required", param=where)
+    assert isinstance(spec, dict)
     name = spec.get("name")
     return ResponseFormat(
         type="json_schema", json_schema=schema, name=name if isinstance(name, str) else None
@@ -230,11 +312,28 @@ def text_of(content: Any, param: str) -> str:
     raise GatewayHTTPError(400, f"{param}: content must be a string or a list of parts", param=param)
 
 
+def _check_calls(calls: Any, param: str) -> None:
+    """An assistant turn's `tool_calls`: a list of function calls, each naming its function."""
+    if calls is None:
+        return
+    if isinstance(calls, list) and all(
+        isinstance(c, dict)
+        and isinstance(fn := c.get("function"), dict)
+        and isinstance(fn.get("name"), str)
+        and isinstance(fn.get("arguments", ""), str | dict)
+        for c in calls
+    ):
+        return
+    raise GatewayHTTPError(
+        400, f"{param}: must be a list of function calls, each with a function name", param=param
+    )
+
+
 def _normalise_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for i, message in enumerate(messages):
         role = message.get("role")
-        if role not in _ROLES:
+        if not isinstance(role, str) or role not in _ROLES:
             raise GatewayHTTPError(
                 400,
                 f"messages.{i}.role: must be one of {sorted(_ROLES)}, got {role!r}",
@@ -244,16 +343,7 @@ def _normalise_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if role == "developer":
             normalised["role"] = "system"
         normalised["content"] = text_of(message.get("content"), f"messages.{i}.content")
-        calls = message.get("tool_calls")
-        if calls is not None and (
-            not isinstance(calls, list)
-            or not all(isinstance(c, dict) and isinstance(c.get("function"), dict) for c in calls)
-        ):
-            raise GatewayHTTPError(
-                400,
-                f"messages.{i}.tool_calls: must be a list of function calls",
-                param=f"messages.{i}.tool_calls",
-            )
+        _check_calls(message.get("tool_calls"), f"messages.{i}.tool_calls")
         out.append(normalised)
     return out
 
@@ -262,7 +352,7 @@ def _check_tools(tools: list[dict[str, Any]] | None, param: str = "tools") -> li
     if not tools:
         return None
     for i, tool in enumerate(tools):
-        fn = tool.get("function")
+        fn = tool.get("function") if isinstance(tool, dict) else None
         if tool.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise GatewayHTTPError(
                 400, f"{param}.{i}: only function tools with a name are supported", param=f"{param}.{i}"
@@ -271,27 +361,14 @@ def _check_tools(tools: list[dict[str, Any]] | None, param: str = "tools") -> li
 
 
 def chat_request(body: ChatCompletionBody) -> GenerationRequest:
-    if body.top_logprobs:
-        raise _reject("top_logprobs", "alternative tokens are not recorded; use logprobs=true alone")
-    for name in (
-        "audio",
-        "prediction",
-        "functions",
-        "function_call",
-        "web_search_options",
-        "reasoning_effort",
-    ):
-        if getattr(body, name) is not None:
-            raise _reject(name, "not supported by the reinforge gateway")
-    if body.modalities and body.modalities != ["text"]:
-        raise _reject("modalities", "only text output is supported")
+    # Unserved values (top_logprobs, audio, functions...) were refused by the body's own types.
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     return GenerationRequest(
         messages=_normalise_messages(body.messages),
         tools=_check_tools(body.tools),
         tool_choice=_tool_choice(body.tool_choice, "tool_choice"),
         parallel_tool_calls=body.parallel_tool_calls is not False,
-        response_format=_response_format(body.response_format, "response_format"),
+        response_format=_response_format(body.response_format, "response_format", nested=True),
         sampling=_sampling(body, max_tokens, body.stop),
         model=body.model,
     )
@@ -315,14 +392,7 @@ def _tool_choice(choice: Any, param: str) -> Any:
 
 
 def completion_request(body: CompletionBody) -> GenerationRequest:
-    if body.echo:
-        raise _reject("echo", "echo is not supported")
-    if body.suffix:
-        raise _reject("suffix", "suffix is not supported")
-    if body.best_of not in (None, 1):
-        raise _reject("best_of", "only best_of=1 is supported")
-    if body.logprobs:
-        raise _reject("logprobs", "alternative tokens are not recorded; use logprobs=0 for the chosen tokens")
+    # echo, suffix, best_of>1 and logprobs>0 were refused by the body's own types.
     raw: Any = body.prompt
     if isinstance(raw, list) and raw and isinstance(raw[0], (str, list)):
         if len(raw) != 1:
@@ -341,7 +411,11 @@ def _responses_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]
         return None
     out = []
     for i, tool in enumerate(tools):
-        if tool.get("type") != "function" or not isinstance(tool.get("name"), str):
+        if (
+            not isinstance(tool, dict)
+            or tool.get("type") != "function"
+            or not isinstance(tool.get("name"), str)
+        ):
             raise _reject(f"tools.{i}", "only function tools are supported")
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
         out.append({"type": "function", "function": fn})
@@ -361,6 +435,8 @@ def _responses_messages(body: ResponsesBody) -> list[dict[str, Any]]:
     if isinstance(body.input, str):
         messages.append({"role": "user", "content": body.input})
         return messages
+    if not body.input:
+        raise GatewayHTTPError(400, "input: must not be empty", param="input")
     for i, item in enumerate(body.input):
         kind = item.get("type", "message")
         if kind == "message":
@@ -372,6 +448,7 @@ def _responses_messages(body: ResponsesBody) -> list[dict[str, Any]]:
             content = text_of(item.get("content"), f"input.{i}.content")
             messages.append({"role": "system" if role == "developer" else role, "content": content})
         elif kind == "function_call":
+            _check_strings(item, f"input.{i}", required=("name",), optional=("arguments", "call_id"))
             call = {
                 "id": item.get("call_id") or item.get("id"),
                 "type": "function",
@@ -383,33 +460,33 @@ def _responses_messages(body: ResponsesBody) -> list[dict[str, Any]]:
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
+            _check_strings(item, f"input.{i}", required=(), optional=("call_id",))
             output = item.get("output")
             text = output if isinstance(output, str) else text_of(output, f"input.{i}.output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
         else:
             raise _reject(f"input.{i}.type", f"input items of type {kind!r} are not supported")
-    if not messages:
-        raise GatewayHTTPError(400, "input: must not be empty", param="input")
     return messages
 
 
+def _check_strings(
+    item: dict[str, Any], param: str, required: tuple[str, ...], optional: tuple[str, ...]
+) -> None:
+    """An input item's text fields: the required ones present, and each one sent a string."""
+    for key in (*required, *optional):
+        if (key in item or key in required) and not isinstance(item.get(key), str):
+            raise GatewayHTTPError(400, f"{param}.{key}: must be a string", param=f"{param}.{key}")
+
+
 def responses_request(body: ResponsesBody) -> GenerationRequest:
-    if body.previous_response_id:
-        raise _reject("previous_response_id", "the gateway keeps no conversation state; send the whole input")
-    if body.conversation is not None or body.prompt is not None:
-        raise _reject("conversation" if body.conversation is not None else "prompt", "not supported")
-    if body.background:
-        raise _reject("background", "background responses are not supported")
-    if body.top_logprobs:
-        raise _reject("top_logprobs", "alternative tokens are not recorded")
-    if body.reasoning and any(v is not None for v in body.reasoning.values()):
-        raise _reject("reasoning", "reasoning options are not supported")
+    # previous_response_id, conversation, prompt, background, top_logprobs and reasoning options
+    # were refused by the body's own types.
     return GenerationRequest(
         messages=_responses_messages(body),
         tools=_responses_tools(body.tools),
         tool_choice=_responses_tool_choice(body.tool_choice),
         parallel_tool_calls=body.parallel_tool_calls is not False,
-        response_format=_response_format((body.text or {}).get("format"), "text.format"),
+        response_format=_response_format((body.text or {}).get("format"), "text.format", nested=False),
         sampling=_sampling(body, body.max_output_tokens, None),
         model=body.model,
     )

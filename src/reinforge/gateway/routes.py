@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from starlette.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from reinforge._headers import bearer_token
 from reinforge.access import attempt_of_token
@@ -84,6 +85,26 @@ class JSONResponse(Response):
             (b"content-length", str(len(body)).encode()),
             (b"content-type", b"application/json"),
         ]
+
+
+class EventStream(StreamingResponse):
+    """Server-sent events whose generator is closed as soon as the response ends, however it ends.
+
+    Why: when a client hangs up, Starlette cancels the writing of the stream but leaves its generator
+    suspended until it is collected; until then the call holds its place in the pause gate and its
+    backend stream (on the engine, a generation slot). Closed here, a dropped call ends at once and is
+    recorded as cancelled (`GatewayRoutes._stream`).
+    """
+
+    def __init__(self, events: AsyncGenerator[bytes, None]) -> None:
+        super().__init__(events, media_type="text/event-stream", headers=_SSE_HEADERS)
+        self._events = events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self._events.aclose()
 
 
 def _ok(body: dict[str, Any]) -> Response:
@@ -226,11 +247,7 @@ class GatewayRoutes:
             gen, history = g.prepare(caller, call.request)
             await g.wait_for_policy(caller)
             if call.stream:
-                return StreamingResponse(
-                    self._stream(caller, call, gen, history, data),
-                    media_type="text/event-stream",
-                    headers=_SSE_HEADERS,
-                )
+                return EventStream(self._stream(caller, call, gen, history, data))
             started, t0 = time.time(), time.perf_counter()
             if call.n == 1:
                 results = [await g.generate(gen)]
@@ -260,14 +277,16 @@ class GatewayRoutes:
         gen: GenerationRequest,
         history: Restored | None,
         data: dict[str, Any],
-    ) -> AsyncIterator[bytes]:
+    ) -> AsyncGenerator[bytes, None]:
         g, named = self.g, call.named_events
         items = g.stream(gen)
+        started, t0 = time.time(), time.perf_counter()
+        streamed: list[str] = []
+        ended = False  # recorded, or answered with an error event; else the client hung up first
+        g.open_streams += 1
         try:
-            started, t0 = time.time(), time.perf_counter()
             for event in call.stream_start():
                 yield _frame(event, named)
-            streamed: list[str] = []
             result: GenerationResult | None = None
             async for item in items:
                 if isinstance(item, TextDelta):
@@ -292,14 +311,25 @@ class GatewayRoutes:
                 latency_ms=latency_ms,
                 history=history,
             )
+            ended = True
             for event in call.stream_done(response):
                 yield _frame(event, named)
             if call.ends_with_done:
                 yield _SSE_DONE
         except Exception as exc:
+            ended = True
             yield _stream_error(exc, isinstance(call, AnthropicMessages))
         finally:
+            g.open_streams -= 1
             await items.aclose()  # leaves the pause gate even when the client went away mid-stream
+            if not ended:
+                await g.record_cancelled(
+                    caller,
+                    endpoint=call.endpoint,
+                    request_body=data,
+                    streamed="".join(streamed),
+                    started=started,
+                )
 
     async def models(self, request: RouteRequest) -> Response:
         if "attempt_id" in request.path_params:
@@ -367,6 +397,9 @@ class GatewayRoutes:
                 "model": g.backend.model_name,
                 "paused": g.paused,
                 "in_flight": g.in_flight,
+                "open_streams": g.open_streams,
+                "tasks": len(asyncio.all_tasks()),
+                "cancelled_calls": g.cancelled_calls,
                 "queued_spans": g.recorder.queued,
                 "calls": g.calls,
             }

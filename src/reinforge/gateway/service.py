@@ -36,6 +36,7 @@ from reinforge.types import (
     SpanKind,
     SpanQuery,
     SpanStatus,
+    SpanStatusCode,
     new_span_id,
 )
 
@@ -120,6 +121,10 @@ class Gateway:
         self._idle: asyncio.Event | None = None
         self._inflight = 0
         self.calls = 0
+        self.cancelled_calls = 0
+        """Streamed calls whose client hung up before the end (recorded as cancelled)."""
+        self.open_streams = 0
+        """Streamed responses being written now (a dropped one closes at once)."""
         self._holds: dict[str, int] = {}
         """rollout id -> the policy version its LLM calls wait for (`hold_rollouts`)."""
         self._released_version = -1
@@ -447,6 +452,33 @@ class Gateway:
         self.calls += 1
         return span
 
+    async def record_cancelled(
+        self, caller: Caller, *, endpoint: str, request_body: dict[str, Any], streamed: str, started: float
+    ) -> Span:
+        """Record a streamed call whose client hung up before its end: the request, the text sent so
+        far and an error status, without token ids (credit counts it as a call it can't train on)."""
+        attributes: dict[str, Any] = {
+            semconv.ATTR_STEP_KIND: semconv.STEP_LLM,
+            semconv.ATTR_LLM_ENDPOINT: endpoint,
+            semconv.ATTR_LLM_REQUEST: request_body,
+            semconv.ATTR_MODEL: self.backend.model_name,
+            semconv.ATTR_SEQUENCE_IN_ATTEMPT: caller.state.take_sequence(),
+        }
+        if caller.agent is not None:
+            attributes[semconv.ATTR_AGENT_NAME] = caller.agent
+        status = SpanStatus(
+            code=SpanStatusCode.error,
+            message=(
+                f"cancelled: the client closed the stream after {len(streamed)} characters, before the "
+                "call ended; its generation was stopped and is not trained on"
+            ),
+        )
+        span = await self._record(
+            caller, semconv.SPAN_LLM_CALL, SpanKind.client, attributes, started, status=status
+        )
+        self.cancelled_calls += 1
+        return span
+
     async def record_reward(self, caller: Caller, value: float, final: bool, name: str | None) -> Span:
         """Record a reward the agent reported (a final one ends up as the attempt's reward)."""
         attributes: dict[str, Any] = {
@@ -462,7 +494,13 @@ class Gateway:
         return await self._record(caller, span_name, SpanKind.internal, attributes, time.time())
 
     async def _record(
-        self, caller: Caller, name: str, kind: SpanKind, attributes: dict[str, Any], started: float
+        self,
+        caller: Caller,
+        name: str,
+        kind: SpanKind,
+        attributes: dict[str, Any],
+        started: float,
+        status: SpanStatus | None = None,
     ) -> Span:
         state = caller.state
         trace_id, parent_id = caller.trace if caller.trace is not None else (state.trace_id, None)
@@ -479,7 +517,7 @@ class Gateway:
             start_time=started,
             end_time=time.time(),
             attributes=attributes,
-            status=SpanStatus(),
+            status=status if status is not None else SpanStatus(),
             events=[],
             sequence=None,
         )
@@ -497,9 +535,10 @@ class Gateway:
     async def stream(self, gen: GenerationRequest) -> AsyncGenerator[TextDelta | GenerationResult, None]:
         """The backend's stream inside the pause gate; ends with exactly one checked result."""
         await self._enter()
+        items = self.backend.stream(gen)
         try:
             result: GenerationResult | None = None
-            async for item in self.backend.stream(gen):
+            async for item in items:
                 if isinstance(item, GenerationResult):
                     result = self._check_result(item)
                 else:
@@ -509,3 +548,8 @@ class Gateway:
             yield result
         finally:
             self._leave()
+            # Closed now, not when collected: a dropped stream's generation stops here (on the
+            # engine, its slot is freed for the next call).
+            close = getattr(items, "aclose", None)
+            if close is not None:
+                await close()
