@@ -238,6 +238,10 @@ def test_bad_filters_are_refused_with_a_message(served: Served) -> None:
     assert httpx.get(f"{served.url}/dashboard/api/rollouts?limit=0", headers=headers).status_code == 422
     misspelt = httpx.get(f"{served.url}/dashboard/api/rollouts?staus=failed", headers=headers)
     assert misspelt.status_code == 400 and "'staus'" in misspelt.json()["error"]["message"]
+    twice = httpx.get(f"{served.url}/dashboard/api/metrics?since=1&since=9", headers=headers)
+    assert twice.status_code == 400 and "'since' given 2 times" in twice.json()["error"]["message"]
+    statuses = "status=failed&status=succeeded"
+    assert httpx.get(f"{served.url}/dashboard/api/rollouts?{statuses}", headers=headers).status_code == 200
     missing = httpx.get(f"{served.url}/dashboard/api/rollout?rollout_id=nope", headers=headers)
     assert missing.status_code == 404
     assert httpx.get(f"{served.url}/dashboard/assets/../index.html").status_code == 404

@@ -1,5 +1,5 @@
-"""Span retention in the SQLite store: bodies are compressed against a dictionary of recent spans,
-read back unchanged, and stores written before the format (plain JSON text) still read."""
+"""Span retention in the SQLite store: bodies are compressed against a dictionary of recent spans
+and read back unchanged."""
 
 from __future__ import annotations
 
@@ -143,40 +143,8 @@ async def test_spans_read_back_unchanged_in_a_fraction_of_the_space(tmp_path: Pa
     assert stored * 4 < _plain_size(spans), (stored, _plain_size(spans))
 
 
-async def test_a_store_written_before_compression_still_reads(tmp_path: Path) -> None:
-    """Rows an older reinforge wrote (the span as JSON text) read as before, beside new ones."""
-    rng = random.Random(1)
-    old, new = _conversation("old", rng), _conversation("new", rng)
-    path = tmp_path / "store.db"
-    await _write(f"sqlite:///{path}", [])
-    with sqlite3.connect(path) as db:
-        db.executemany(
-            "INSERT INTO spans (span_id, trace_id, rollout_id, attempt_id, name, body) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            [
-                (
-                    s.span_id,
-                    s.trace_id,
-                    s.rollout_id,
-                    s.attempt_id,
-                    s.name,
-                    s.model_dump_json(exclude={"sequence"}),
-                )
-                for s in old
-            ],
-        )
-    await _write(f"sqlite:///{path}", new)
-    store = await SqlStore.open(f"sqlite:///{path}")
-    try:
-        _same(await _read_all(store), old + new)
-        _same(await _read_all(store, rollout_ids=["old", "new"]), old + new)
-    finally:
-        await store.close()
-    with sqlite3.connect(path) as db:
-        assert dict(db.execute("SELECT typeof(body), count(*) FROM spans GROUP BY 1").fetchall()) == {
-            "text": 3,
-            "blob": 3,
-        }
+# Stores written before compression (plain JSON bodies) and before the keyed span layout: see
+# test_span_layout.py, which upgrades such a file and reads every old body beside new ones.
 
 
 async def test_dictionaries_are_read_back_after_reopening_and_a_missing_one_is_named(tmp_path: Path) -> None:

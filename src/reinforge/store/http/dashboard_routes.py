@@ -180,9 +180,14 @@ _ROLLOUT_PARAMS = (
 )
 
 
+REPEATABLE_PARAMETERS = frozenset({"status"})
+"""Query parameters that take a list (`?status=failed&status=succeeded`); every other one takes one value."""
+
+
 def _only(*names: str) -> Any:
-    """A dependency refusing query parameters the route does not take: a misspelt filter
-    (`?staus=failed`) is an error, not a silently unfiltered list."""
+    """A dependency refusing query parameters the route does not take, and a single-valued one given
+    twice: a misspelt filter (`?staus=failed`) is an error, not a silently unfiltered list, and
+    `?since=1&since=9` is an error, not whichever value the framework happens to keep."""
     allowed = frozenset(names)
 
     def check(request: Request) -> None:
@@ -190,6 +195,10 @@ def _only(*names: str) -> Any:
         if unknown:
             takes = ", ".join(sorted(allowed)) or "no parameters"
             raise InvalidRequestError(f"unknown query parameter {unknown[0]!r}: this route takes {takes}")
+        for name in sorted(set(request.query_params.keys()) - REPEATABLE_PARAMETERS):
+            count = len(request.query_params.getlist(name))
+            if count > 1:
+                raise InvalidRequestError(f"query parameter {name!r} given {count} times: it takes one value")
 
     return Depends(check)
 

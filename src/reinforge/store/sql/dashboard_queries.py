@@ -20,7 +20,7 @@ import time
 from functools import partial
 from typing import Any
 
-from sqlalchemy import ColumnElement, Connection, Integer, and_, func, select
+from sqlalchemy import ColumnElement, Connection, Integer, and_, func, literal_column, select
 
 from reinforge.errors import StoreUnavailableError
 from reinforge.semconv import ATTR_AGENT_NAME
@@ -35,7 +35,7 @@ from reinforge.store.dashboard_queries import (
     RunningAttempt,
     row_of,
 )
-from reinforge.store.sql import sqlite_ops
+from reinforge.store.sql import sqlite_spans
 from reinforge.store.sql.schema import (
     attempts,
     resources,
@@ -185,12 +185,10 @@ class SqlDashboardQueries:
             statement = select(spans.c.rollout_id, spans.c.body).where(spans.c.rollout_id.in_(rollout_ids))
             rows: Any = conn.execute(statement)
         else:  # the raw cursor: SQLAlchemy's row processing costs more than the search itself
-            marks = ",".join("?" * len(rollout_ids))
-            rows = sqlite_ops.cursor(conn).execute(
-                f"SELECT rollout_id, body FROM spans WHERE rollout_id IN ({marks})", rollout_ids
-            )
+            rows = sqlite_spans.bodies_of_rollouts(conn, rollout_ids)
         for rollout_id, body in rows:
-            text = self._codec.decode(body, load_dictionary)
+            # The attributes are never in the head a keyed body leaves out (`span_codec`).
+            text = self._codec.decode_without_head(body, load_dictionary)
             at = text.find(_AGENT_KEY)
             while at >= 0:
                 value, end = _JSON.raw_decode(text, at + len(_AGENT_KEY))
@@ -239,7 +237,7 @@ class SqlDashboardQueries:
                     a.last_heartbeat,
                     a.lease_deadline,
                 )
-                .where(a.status == running)
+                .where(a.status == literal_column(f"'{running}'"))  # SQLite's partial index (schema.py)
                 .order_by(a.lease_deadline)
                 .limit(_MAX_RUNNING)
             )

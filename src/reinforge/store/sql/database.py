@@ -30,7 +30,8 @@ from sqlalchemy.exc import DataError, DBAPIError, OperationalError
 from sqlalchemy.pool import StaticPool
 
 from reinforge.errors import InvalidRequestError, StoreUnavailableError
-from reinforge.store.sql.schema import metadata
+from reinforge.store.sql import sqlite_spans
+from reinforge.store.sql.schema import metadata, text_spans_metadata
 
 R = TypeVar("R")
 Synchronous = Literal["NORMAL", "FULL"]
@@ -195,12 +196,17 @@ class SqliteDatabase(Database):
 
     async def start(self) -> None:
         try:
-            await self.write(lambda conn: metadata.create_all(conn))
+            await self.write(self._create_tables)
         except Exception:
             await self.close()
             raise
         if self._path != ":memory:":
             self._checkpointer.start()
+
+    @staticmethod
+    def _create_tables(conn: Connection) -> None:
+        metadata.create_all(conn)
+        sqlite_spans.create_tables(conn)  # SQLite's own span layout, upgrading an older file's
 
     def _checkpoint(self) -> None:
         """Copy the WAL back into the database file while writes come in, and keep the WAL bounded.
@@ -387,6 +393,7 @@ class PostgresDatabase(Database):
             if self.schema is not None:
                 conn.exec_driver_sql(f'CREATE SCHEMA IF NOT EXISTS "{self.schema}"')
             metadata.create_all(conn)
+            text_spans_metadata.create_all(conn)
 
     async def _run(self, fn: Callable[[Connection], R], *, write: bool) -> R:
         self._check_open()

@@ -2,7 +2,14 @@
 
 Columns exist for what queries filter or order on; everything else (a task, span attributes and
 events) is one JSON text column, written once with pydantic's serializer and read back the same way.
-A span is stored whole as JSON, so reading a page of spans is one parse per span, no joins.
+A span is stored as JSON, so reading a page of spans is one parse per span.
+
+Spans have two layouts. PostgreSQL keeps `spans` with its ids as text columns. SQLite keeps
+`keyed_spans` (also named `spans` in the file): each id and name is a small integer key into
+`span_keys`, where each distinct string is stored once, so the row and its four indexes hold a few
+bytes per id instead of 32 characters, and the body leaves out what those columns hold
+(`span_codec`, format 0x03). A store file written with the text layout is moved over when it is
+opened (`sqlite_spans.upgrade`).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     String,
     Table,
@@ -33,7 +41,8 @@ from reinforge.types import (
     Span,
 )
 
-# SQLite only auto-numbers a column declared exactly INTEGER PRIMARY KEY.
+# SQLite only auto-numbers a column declared exactly INTEGER PRIMARY KEY, and only such a column is
+# the row's own number rather than a key kept again in an index of its own.
 _Serial = BigInteger().with_variant(Integer(), "sqlite")
 
 metadata = MetaData()
@@ -79,15 +88,26 @@ attempts = Table(
     Column("finished_at", Float),
     Column("reward", Float),
     Column("error", Text),
-    # Expiry looks for running attempts past their deadline; queries list attempts by rollout.
-    Index("ix_attempts_status_deadline", "status", "lease_deadline"),
+    # Queries list attempts by rollout.
     Index("ix_attempts_rollout", "rollout_seq", "attempt_no"),
     Index("ix_attempts_runner", "runner_id"),
 )
+# Expiry looks for running attempts past their deadline. On SQLite only running attempts are in
+# the index (its statements name the status as a literal, which a partial index needs), so it stays
+# a page or two however many attempts have finished.
+Index(
+    "ix_attempts_status_deadline",
+    attempts.c.status,
+    attempts.c.lease_deadline,
+    sqlite_where=attempts.c.status == "running",
+)
+
+text_spans_metadata = MetaData()
+"""The text-id span layout (PostgreSQL's), apart from `metadata` so SQLite never creates it."""
 
 spans = Table(
     "spans",
-    metadata,
+    text_spans_metadata,
     Column("sequence", _Serial, primary_key=True, autoincrement=True),
     Column("span_id", String(16), nullable=False, unique=True),
     Column("trace_id", String(32), nullable=False),
@@ -101,10 +121,47 @@ spans = Table(
     Index("ix_spans_name", "name", "sequence"),
 )
 
+keyed_spans_metadata = MetaData()
+"""SQLite's span layout: ids and names as keys into `span_keys` (or `rollouts`)."""
+
+span_keys = Table(
+    "span_keys",
+    keyed_spans_metadata,
+    Column("key", Integer, primary_key=True),
+    Column("value", Text, nullable=False, unique=True),
+)
+
+keyed_spans = Table(
+    "spans",
+    keyed_spans_metadata,
+    Column("sequence", Integer, primary_key=True, autoincrement=True),
+    # The 16 hex digits as 8 bytes (`sqlite_spans.span_id_key`).
+    Column("span_id", LargeBinary, nullable=False, unique=True),
+    # The rollout's `rollouts.seq`, or minus its `span_keys` key for a rollout the store doesn't hold.
+    Column("rollout_key", Integer, nullable=False),
+    Column("attempt_key", Integer, nullable=False),
+    # NULL: the same as the attempt id (as every span the gateway records), so the trace index
+    # holds only the spans whose trace is something else.
+    Column("trace_key", Integer),
+    Column("name_key", Integer, nullable=False),
+    Column("body", LargeBinary, nullable=False),
+    Index("ix_spans_rollout", "rollout_key", "sequence"),
+    Index("ix_spans_attempt", "attempt_key", "sequence"),
+    # No index on the name: the names are few, and the one query by name (the gateway's final
+    # reward) also names the attempt.
+)
+Index(
+    "ix_spans_trace",
+    keyed_spans.c.trace_key,
+    keyed_spans.c.sequence,
+    sqlite_where=keyed_spans.c.trace_key.is_not(None),
+)
+
 resources = Table(
     "resources",
     metadata,
-    Column("version", BigInteger, primary_key=True, autoincrement=False),
+    # On SQLite the row's own number (no second copy of the key in an index of its own).
+    Column("version", _Serial, primary_key=True, autoincrement=False),
     Column("body", Text, nullable=False),
     Column("created_at", Float, nullable=False),
 )

@@ -14,7 +14,12 @@ dictionary) at a better ratio, and the store's write path is its hottest (docs/r
 Format of a compressed body (a BLOB in the `body` column; a TEXT body starting with `{` is plain JSON,
 as older stores and PostgreSQL keep it, and reads as before):
 
-    0x02 | dictionary id (8 bytes, big-endian; 0 = no dictionary) | zstd frame
+    0x02 | dictionary id (8 bytes, big-endian; 0 = no dictionary) | zstd frame of the whole JSON
+    0x03 | dictionary id | zstd frame of the JSON without its head (see `strip_head`)
+
+0x03 leaves out of the body what the row's own columns hold (span, trace, rollout and attempt ids,
+the name): random ids barely compress, and the columns keep them anyway. The head is rebuilt from
+the columns on read (`SpanIds`). A body whose head is not in the order the store writes keeps 0x02.
 
 Dictionaries live in the `span_dictionaries` table, named by a hash of their bytes, and every batch
 that uses one inserts it if absent in its own transaction (a no-op after the first): a batch that
@@ -27,17 +32,21 @@ writing one file can't give one id to two dictionaries. A store builds its first
 from __future__ import annotations
 
 import hashlib
+import json
 import struct
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
+from json.decoder import scanstring  # type: ignore[attr-defined]  # public since 2.6, not in typeshed
+from typing import NamedTuple
 
 import zstandard
-from sqlalchemy import BigInteger, Column, LargeBinary, Table
+from sqlalchemy import BigInteger, Column, Integer, LargeBinary, Table
 
 from reinforge.store.sql.schema import metadata
 
 FORMAT_ZSTD = 0x02
+FORMAT_ZSTD_HEADLESS = 0x03
 _HEADER = struct.Struct(">BQ")
 _DICT_BYTES = 16 * 1024
 """How much of the latest spans a dictionary holds."""
@@ -47,9 +56,76 @@ _LEVEL = 3
 span_dictionaries = Table(
     "span_dictionaries",
     metadata,
-    Column("dict_id", BigInteger, primary_key=True, autoincrement=False),
+    # INTEGER on SQLite: the row's own number, with no index of its own (as `schema._Serial`).
+    Column("dict_id", BigInteger().with_variant(Integer(), "sqlite"), primary_key=True, autoincrement=False),
     Column("body", LargeBinary, nullable=False),
 )
+
+
+class SpanIds(NamedTuple):
+    """What a span's row holds beside its body: enough to rebuild the head a 0x03 body leaves out."""
+
+    span_id: str
+    trace_id: str
+    rollout_id: str
+    attempt_id: str
+    name: str
+
+
+def strip_head(body: str, ids: SpanIds) -> str | None:
+    """The body without the fields `ids` hold, or None when its head is not the one the store writes.
+
+    A span's JSON starts `{"span_id":..,"trace_id":..,"parent_id":P,"rollout_id":..,"attempt_id":..,
+    "name":..,` (pydantic's field order, and the ingest fast path's). What is kept is `P` and
+    everything after the name, so `with_head` gives back the same values.
+    """
+    start = f'{{"span_id":"{ids.span_id}","trace_id":"{ids.trace_id}","parent_id":'
+    if not body.startswith(start):
+        return None
+    at = len(start)
+    if body.startswith("null", at):
+        parent_end = at + 4
+    elif body.startswith('"', at):
+        try:
+            _, parent_end = scanstring(body, at + 1)
+        except ValueError:
+            return None
+        if parent_end != at + 18:  # 16 characters, no escapes: the only shape `with_head` rebuilds
+            return None
+    else:
+        return None
+    at = parent_end
+    for key, value in (("rollout_id", ids.rollout_id), ("attempt_id", ids.attempt_id), ("name", ids.name)):
+        label = f',"{key}":"'
+        if not body.startswith(label, at):
+            return None
+        try:
+            found, at = scanstring(body, at + len(label))
+        except ValueError:
+            return None
+        if found != value:
+            return None
+    if not body.startswith(",", at):
+        return None
+    return body[len(start) : parent_end] + body[at:]
+
+
+def with_head(rest: str, ids: SpanIds) -> str:
+    """The span's JSON from what `strip_head` kept and the row's columns."""
+    parent_end = 4 if rest.startswith("null") else 18
+    return "".join(
+        (
+            f'{{"span_id":"{ids.span_id}","trace_id":"{ids.trace_id}","parent_id":',
+            rest[:parent_end],
+            ',"rollout_id":',
+            json.dumps(ids.rollout_id),
+            ',"attempt_id":',
+            json.dumps(ids.attempt_id),
+            ',"name":',
+            json.dumps(ids.name),
+            rest[parent_end:],
+        )
+    )
 
 
 class SpanBodyCodec:
@@ -67,12 +143,17 @@ class SpanBodyCodec:
         """Per thread: a decompressor per dictionary id (zstandard's objects are not for sharing
         between threads)."""
 
-    def encode_batch(self, bodies: Sequence[str]) -> tuple[list[bytes], tuple[int, bytes] | None]:
-        """The bodies compressed, and the dictionary (id, bytes) they need stored with them."""
+    def encode_batch(
+        self, bodies: Sequence[str], ids: Sequence[SpanIds] | None = None
+    ) -> tuple[list[bytes], tuple[int, bytes] | None]:
+        """The bodies compressed, and the dictionary (id, bytes) they need stored with them. With
+        `ids` (each body's row), a body leaves out its head (format 0x03) when `strip_head` can."""
         out = []
         used: tuple[int, bytes] | None = None
-        for body in bodies:
-            raw = body.encode()
+        for i, body in enumerate(bodies):
+            rest = None if ids is None else strip_head(body, ids[i])
+            fmt = FORMAT_ZSTD if rest is None else FORMAT_ZSTD_HEADLESS
+            raw = (body if rest is None else rest).encode()
             self._remember(raw)
             if (
                 self._dict is None or self._since_dict >= _REFRESH_SPANS
@@ -83,16 +164,32 @@ class SpanBodyCodec:
             if self._dict is not None:
                 dict_id = self._dict[0]
                 used = self._dict
-            out.append(_HEADER.pack(FORMAT_ZSTD, dict_id) + self._compressor.compress(raw))
+            out.append(_HEADER.pack(fmt, dict_id) + self._compressor.compress(raw))
         return out, used
 
-    def decode(self, stored: str | bytes, load_dictionary: Callable[[int], bytes]) -> str:
-        """The span's JSON text, from a plain TEXT body or a compressed one."""
+    def decode(
+        self, stored: str | bytes, load_dictionary: Callable[[int], bytes], ids: SpanIds | None = None
+    ) -> str:
+        """The span's JSON text, from a plain TEXT body or a compressed one (`ids`: its row's, which
+        a 0x03 body needs)."""
+        fmt, text = self._inflate(stored, load_dictionary)
+        if fmt != FORMAT_ZSTD_HEADLESS:
+            return text
+        if ids is None:
+            raise ValueError("a span body without its head needs its row's ids to be read")
+        return with_head(text, ids)
+
+    def decode_without_head(self, stored: str | bytes, load_dictionary: Callable[[int], bytes]) -> str:
+        """The body's text as stored: the whole JSON, or (0x03) all of it but the head. Enough to
+        search the attributes, which are never in the head."""
+        return self._inflate(stored, load_dictionary)[1]
+
+    def _inflate(self, stored: str | bytes, load_dictionary: Callable[[int], bytes]) -> tuple[int, str]:
         if isinstance(stored, str):
-            return stored
-        if len(stored) < _HEADER.size or stored[0] != FORMAT_ZSTD:
+            return 0, stored
+        if len(stored) < _HEADER.size or stored[0] not in (FORMAT_ZSTD, FORMAT_ZSTD_HEADLESS):
             raise ValueError(f"unknown span body format {stored[:1]!r}: written by a newer reinforge?")
-        _, dict_id = _HEADER.unpack_from(stored)
+        fmt, dict_id = _HEADER.unpack_from(stored)
         decompressors: dict[int, zstandard.ZstdDecompressor] | None = getattr(self._local, "by_dict", None)
         if decompressors is None:
             decompressors = self._local.by_dict = {}
@@ -108,7 +205,7 @@ class SpanBodyCodec:
             else:
                 inflate = zstandard.ZstdDecompressor()
             decompressors[dict_id] = inflate
-        return inflate.decompress(stored[_HEADER.size :]).decode()
+        return int(fmt), inflate.decompress(stored[_HEADER.size :]).decode()
 
     def _remember(self, raw: bytes) -> None:
         self._recent.append(raw)

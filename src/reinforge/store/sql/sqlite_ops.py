@@ -75,10 +75,6 @@ FINAL_BY_ID = (
     + ")"
 )
 NEXT_DEADLINE = "SELECT min(lease_deadline) FROM attempts WHERE status = 'running'"
-# The spans of a batch of rollouts, a page at a time (`SpanQuery(rollout_ids=...)` alone).
-SPANS_OF_ROLLOUTS = (
-    f"SELECT sequence, body FROM spans WHERE rollout_id IN ({_IDS}) ORDER BY sequence LIMIT ? OFFSET ?"
-)
 
 
 def cursor(conn: Connection) -> sqlite3.Cursor:

@@ -39,7 +39,8 @@ class Statements:
         self.postgres = postgres
         dialect_insert = pg.insert if postgres else sqlite.insert
         a, r = attempts.c, rollouts.c
-        running = a.status == RUNNING
+        # A literal, not a parameter: SQLite uses its partial index of running attempts only then.
+        running = a.status == literal_column(f"'{RUNNING}'")
 
         # Expiry: find, lock (rollout first), time out, then record each attempt's error.
         self.expire_due = select(a.rollout_seq).where(running, a.lease_deadline < bindparam("now"))

@@ -42,7 +42,7 @@ from reinforge.errors import (
 from reinforge.store import rules
 from reinforge.store.notify import Signal, Watch
 from reinforge.store.span_records import SpanRecord
-from reinforge.store.sql import sqlite_ops
+from reinforge.store.sql import sqlite_ops, sqlite_spans
 from reinforge.store.sql.database import Database, PostgresDatabase, Synchronous, open_database
 from reinforge.store.sql.schema import (
     attempt_from_row,
@@ -116,35 +116,6 @@ def _json(value: Any, what: str) -> str:
         raise InvalidRequestError(f"{what} holds a value that is not JSON: {e}") from e
 
 
-_INSERT_SPAN_SQL = (
-    "INSERT INTO spans (span_id, trace_id, rollout_id, attempt_id, name, body) "
-    "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (span_id) DO NOTHING"
-)
-
-
-_INSERT_DICTIONARY_SQL = "INSERT OR IGNORE INTO span_dictionaries (dict_id, body) VALUES (?, ?)"
-
-
-def _insert_spans_sqlite(
-    conn: Connection, rows: list[tuple[str, str, str, str, str, str]], codec: SpanBodyCodec
-) -> int:
-    """The hot insert on the raw sqlite3 cursor, inside the caller's transaction: SQLAlchemy's
-    per-row parameter processing and RETURNING cost more than the insert itself for span batches.
-    `rowcount` of an executemany sums the rows inserted; ignored duplicates add nothing. Bodies
-    are compressed here, in the write transaction that stores them (`span_codec`)."""
-    bodies, dictionary = codec.encode_batch([row[5] for row in rows])
-    cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
-    try:
-        if dictionary is not None:
-            cursor.execute(_INSERT_DICTIONARY_SQL, dictionary)
-        cursor.executemany(
-            _INSERT_SPAN_SQL, [(*row[:5], body) for row, body in zip(rows, bodies, strict=True)]
-        )
-        return int(cursor.rowcount)
-    finally:
-        cursor.close()
-
-
 def _load_dictionary(conn: Connection, dict_id: int) -> bytes:
     row = conn.execute(select(span_dictionaries.c.body).where(span_dictionaries.c.dict_id == dict_id)).first()
     if row is None:
@@ -182,8 +153,8 @@ class SqlStore:
     def __init__(self, db: Database) -> None:
         self._db = db
         self._s = Statements(postgres=isinstance(db, PostgresDatabase))
-        # SQLite bodies are compressed (`span_codec`); PostgreSQL compresses large values itself
-        # (TOAST) and keeps plain JSON text.
+        # SQLite bodies are compressed (`span_codec`) in its keyed span layout (`sqlite_spans`);
+        # PostgreSQL compresses large values itself (TOAST) and keeps plain JSON text.
         self._codec = SpanBodyCodec()
         self._queued = Signal()
         self._finalised = Signal()
@@ -599,7 +570,7 @@ class SqlStore:
             return 0
         batch = list(rows.values())
         if not self._s.postgres:
-            return await self._db.write_bulk(lambda conn: _insert_spans_sqlite(conn, batch, self._codec))
+            return await self._db.write_bulk(lambda conn: sqlite_spans.insert_spans(conn, batch, self._codec))
 
         def tx(conn: Connection, fx: _Effects) -> int:
             keys = ("span_id", "trace_id", "rollout_id", "attempt_id", "name", "body")
@@ -685,6 +656,8 @@ class SqlStore:
         return await self._write(tx)
 
     async def query_spans(self, query: SpanQuery) -> Page[Span]:
+        if not self._s.postgres:
+            return await self._db.read(lambda conn: self._query_spans_sqlite(conn, query))
         where: list[ColumnElement[bool]] = []
         params: dict[str, Any] = {}
         if query.rollout_id is not None:
@@ -699,25 +672,16 @@ class SqlStore:
         if query.trace_id is not None:
             where.append(spans.c.trace_id == query.trace_id)
 
-        # Only `rollout_ids`: the trainer's read of a step's spans, on SQLite a raw-cursor statement.
-        batch_only = query.rollout_ids is not None and len(where) == 1
-
         def tx(conn: Connection) -> Page[Span]:
             cond = and_(True, *where)
-            rows: list[tuple[int, str]]
-            if batch_only and not self._s.postgres:
-                with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
-                    page = (params["ids"], query.limit, query.offset)
-                    rows = cur.execute(sqlite_ops.SPANS_OF_ROLLOUTS, page).fetchall()
-            else:
-                statement = (
-                    select(spans.c.sequence, spans.c.body)
-                    .where(cond)
-                    .order_by(spans.c.sequence)
-                    .limit(query.limit)
-                    .offset(query.offset)
-                )
-                rows = [(r[0], r[1]) for r in conn.execute(statement, params)]
+            statement = (
+                select(spans.c.sequence, spans.c.body)
+                .where(cond)
+                .order_by(spans.c.sequence)
+                .limit(query.limit)
+                .offset(query.offset)
+            )
+            rows = [(r[0], r[1]) for r in conn.execute(statement, params)]
             if len(rows) < query.limit and (rows or query.offset == 0):
                 # A short page is the last one: its end is the total, no count needed (the trainer
                 # reads every step's spans, in pages that are nearly always short).
@@ -726,12 +690,29 @@ class SqlStore:
                 total = conn.execute(select(func.count()).select_from(spans).where(cond), params).scalar_one()
             else:
                 total = self._count_spans(conn)
-            bodies = [
-                (seq, self._codec.decode(body, lambda d: _load_dictionary(conn, d))) for seq, body in rows
-            ]
-            return rules.make_page([span_from_row(seq, body) for seq, body in bodies], total, query.offset)
+            return rules.make_page([span_from_row(seq, body) for seq, body in rows], total, query.offset)
 
         return await self._db.read(tx)
+
+    def _query_spans_sqlite(self, conn: Connection, query: SpanQuery) -> Page[Span]:
+        """`query_spans` on SQLite's keyed span layout (`sqlite_spans`)."""
+        where = sqlite_spans.SpanFilter(
+            rollout_id=query.rollout_id,
+            rollout_ids=query.rollout_ids,
+            attempt_id=query.attempt_id,
+            trace_id=query.trace_id,
+            name=query.name,
+        )
+        rows = sqlite_spans.read_page(
+            conn, where, query.limit, query.offset, self._codec, lambda d: _load_dictionary(conn, d)
+        )
+        if len(rows) < query.limit and (rows or query.offset == 0):
+            total = query.offset + len(rows)  # a short page is the last one (as on PostgreSQL)
+        elif where != sqlite_spans.SpanFilter():
+            total = sqlite_spans.count(conn, where)
+        else:
+            total = self._count_spans(conn)
+        return rules.make_page([span_from_row(seq, body) for seq, body in rows], total, query.offset)
 
     def _count_spans(self, conn: Connection) -> int:
         if self._s.postgres:
