@@ -17,6 +17,7 @@ from sql_data import DOMAINS, corpus_text, train_tasks
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from reinforge.models import build_tokenizer, tiny_llama
+from reinforge.training.sft_rewrite import rename_words
 
 PROMPT_MARKERS = ["\nQ: ", "\nSQL: ", "\nRows: ", "\nFix:"]
 KEPT_WORDS = frozenset({"id", "name"})
@@ -58,3 +59,32 @@ def tokenizer() -> PreTrainedTokenizerFast:
 def fresh_model() -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:
     tok = tokenizer()
     return tiny_llama(tok, hidden_size=128, num_layers=4, num_heads=4, intermediate_size=512), tok
+
+
+_NAME_WORD = re.compile(r"(?<![A-Za-z0-9])[a-z]+(?![A-Za-z0-9])")
+"""A lowercase word on its own or between underscores (`birth` and `year` in `birth_year`), never the
+inside of a capitalised value such as 'Athens'."""
+
+
+@cache
+def _renamed_words() -> frozenset[str]:
+    return name_words()
+
+
+def fresh_names(segments: list[str], rng: random.Random) -> list[str]:
+    """A recorded graph call with every table and column word replaced by an invented word, the same
+    one at each use in the call (`[warm_start] rewrite`).
+
+    Schema, question, queries and rows name tables and columns with the same words, so the call stays
+    consistent; each time SFT draws it the names are new, and copying them from the prompt is the only
+    way to predict them, as it is on a held-out database.
+    """
+    words = _renamed_words()
+
+    def invent() -> str:
+        new = _invented(rng)
+        while new in words or new in KEPT_WORDS:
+            new = _invented(rng)
+        return new
+
+    return rename_words(segments, _NAME_WORD, words.__contains__, invent)

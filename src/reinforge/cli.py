@@ -22,7 +22,11 @@ def _standalone_gateway(store: Store, secret: str, options: GatewayBackendOption
 
 use_gateway_builder(_standalone_gateway)
 
-app = typer.Typer(no_args_is_help=True, help="Train any AI agent with reinforcement learning.")
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Train any AI agent with reinforcement learning.",
+    rich_markup_mode=None,  # help texts name TOML sections in brackets, which rich markup would eat
+)
 app.add_typer(store_app, name="store")
 app.command("runner")(runner_command)
 app.command("train")(train_command)

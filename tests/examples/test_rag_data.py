@@ -262,3 +262,41 @@ def test_the_tokenizer_learns_pieces_from_a_world_of_other_names() -> None:
     val_names = list(world.val.people)[:400]
     # a training name is not one memorised token: it is spelt from as many pieces as a held-out name
     assert pieces(train_names) > 4 and abs(pieces(train_names) - pieces(val_names)) < 0.5
+
+
+def test_fresh_names_rename_every_training_name_consistently_and_never_to_a_world_name() -> None:
+    rag_model = importlib.import_module("rag_model")
+    world = rag_data.default_world()
+    person = next(p for p in world.train.people.values() if p.teacher is not None)
+    company = world.train.companies[person.works_at]
+    first = person.name.split()[0]
+    company_word, kind = company.name.split()
+    segments = [
+        f"<|user|>Where does {person.name} work?</s><|assistant|>",
+        f'{{"query":"{person.name}"}}</s>',
+        f"<|tool|>{person.name} works at {company.name}. {first} Labs is not a company.</s>",
+        f"ANSWER: {company.name}</s>",
+    ]
+    import random as _random
+
+    out = rag_model.fresh_names(segments, _random.Random(3))
+    assert len(out) == 4
+    every_name_word = rag_data.world.name_words(world) - {
+        *rag_data.world.COMPANY_SUFFIXES,
+        *rag_data.world.BOOK_SUFFIXES,
+    }
+    words = set(re.findall(r"[A-Z][a-z]+", " ".join(out)))
+    assert not words & every_name_word  # neither the training names nor any held-out one
+    new_first, new_last = re.search(r"Where does (\w+) (\w+) work", out[0]).groups()  # type: ignore[union-attr]
+    new_company = re.search(r"ANSWER: (\w+) (\w+)", out[3]).groups()  # type: ignore[union-attr]
+    assert new_company[1] == kind and new_company[0] not in (new_first, new_last)
+    # the same word becomes the same new word everywhere in the conversation
+    assert out[1] == f'{{"query":"{new_first} {new_last}"}}</s>'
+    new_person = f"{new_first} {new_last}"
+    assert (
+        out[2]
+        == f"<|tool|>{new_person} works at {new_company[0]} {kind}. {new_first} Labs is not a company.</s>"
+    )
+    assert rag_model.fresh_names(segments, _random.Random(3)) == out  # seeded
+    assert rag_model.fresh_names(segments, _random.Random(4)) != out
+    assert company_word not in " ".join(out)

@@ -227,3 +227,31 @@ def test_execution_match_aborts_a_runaway_query() -> None:
 )
 def test_extract_sql(reply: str, sql: str) -> None:
     assert sql_data.extract_sql(reply) == sql
+
+
+def test_fresh_names_rename_tables_and_columns_consistently_and_leave_the_rest() -> None:
+    import random
+
+    import sql_model
+
+    task = next(t for t in sql_data.train_tasks() if "JOIN" in t["gold_sql"] and "'" in t["gold_sql"])
+    segments = [
+        f"Schema: {task['schema']}\nQ: {task['question']}\nSQL: ",
+        task["gold_sql"] + "</s>",
+        "\nRows: [('Ines Kim', 3)]\nFix:",
+    ]
+    out = sql_model.fresh_names(segments, random.Random(0))
+    assert len(out) == 3 and out != segments
+    words = sql_model.name_words()
+    lowercase = set(re.findall(r"(?<![A-Za-z0-9])[a-z]+(?![A-Za-z0-9])", " ".join(out)))
+    assert not lowercase & words  # no table or column word of any schema, training or held out
+    assert re.search(r"\w+_id, name", out[0])  # the words every schema shares stay
+    # SQL keywords, aliases and quoted values are untouched
+    for kept in re.findall(r"\b(?:SELECT|FROM|JOIN|WHERE|AS|ON|T1|T2)\b|'[^']*'", task["gold_sql"]):
+        assert kept in out[1]
+    assert "'Ines Kim'" in out[2]
+    # one word, one new word: the query's names are the schema's renamed names
+    renamed_tables = re.findall(r"(?:FROM|JOIN) (\w+)", out[1])
+    schema_tables = re.findall(r"(?:^|\| )(\w+)\(", out[0].split("\n")[0].removeprefix("Schema: "))
+    assert renamed_tables and set(renamed_tables) <= set(schema_tables)
+    assert sql_model.fresh_names(segments, random.Random(0)) == out

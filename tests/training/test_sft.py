@@ -11,7 +11,14 @@ from reinforge.demo.calculator import CALCULATOR_TOOL
 from reinforge.demo.tasks import generate_tasks, make_task
 from reinforge.demo.traces import TraceMix, synthetic_trace, synthetic_traces
 from reinforge.errors import InvalidRequestError
-from reinforge.training.sft import SftConfig, length_grouped_batches, render_conversation, supervised_finetune
+from reinforge.training.sft import (
+    SftConfig,
+    SftExample,
+    length_grouped_batches,
+    render_conversation,
+    supervised_finetune,
+)
+from reinforge.training.sft_rewrite import RewritingExamples, mask_segments
 
 from .conftest import small_model
 
@@ -82,3 +89,62 @@ def test_length_grouped_finetune_lowers_the_loss(tokenizer: Any) -> None:
         pad_id=tokenizer.pad_token_id,
     )
     assert report.steps == 25 and report.last_loss < 0.6 * report.first_loss
+
+
+def _named_example(tokenizer: Any, name: str) -> SftExample:
+    messages = [
+        {"role": "user", "content": f"Who founded {name} Labs?"},
+        {"role": "assistant", "content": f"ANSWER: {name}"},
+        {"role": "user", "content": f"And {name} again?"},
+        {"role": "assistant", "content": f"ANSWER: {name} {name}"},
+    ]
+    return render_conversation(tokenizer, messages)
+
+
+def test_a_rewrite_renames_each_segment_and_keeps_what_is_trained(tokenizer: Any) -> None:
+    example = _named_example(tokenizer, "Bora")
+    seen: list[list[str]] = []
+
+    def rename(segments: list[str], rng: random.Random) -> list[str]:
+        seen.append(segments)
+        return [s.replace("Bora", "Kelvintor") for s in segments]
+
+    rewritten = RewritingExamples(tokenizer, rename)(example, random.Random(0))
+    assert rewritten == _named_example(tokenizer, "Kelvintor")  # as if recorded with the new name
+    assert [flag for flag, _ in mask_segments(example)] == [0, 1, 0, 1]
+    assert "".join(seen[0]) == tokenizer.decode(example.input_ids)
+    unchanged = RewritingExamples(tokenizer, lambda segments, rng: segments)(example, random.Random(0))
+    assert unchanged == example
+
+
+def test_a_rewrite_must_return_every_segment(tokenizer: Any) -> None:
+    example = _named_example(tokenizer, "Bora")
+    with pytest.raises(ValueError, match="returned 1 segments for 4"):
+        RewritingExamples(tokenizer, lambda segments, rng: segments[:1])(example, random.Random(0))
+
+
+def test_an_example_that_does_not_decode_losslessly_is_used_as_recorded(tokenizer: Any) -> None:
+    example = _named_example(tokenizer, "Bora")
+    # two pieces where the tokenizer would write one: decoding and encoding again would merge them
+    merged = tokenizer("ANSWER", add_special_tokens=False)["input_ids"]
+    split = [t for ch in "ANSWER" for t in tokenizer(ch, add_special_tokens=False)["input_ids"]]
+    assert merged != split
+    odd = SftExample(
+        input_ids=[*example.input_ids, *split], loss_mask=[*example.loss_mask, *[1] * len(split)]
+    )
+    rewrite = RewritingExamples(tokenizer, lambda segments, rng: [s.upper() for s in segments])
+    assert rewrite(odd, random.Random(0)) == odd
+    assert rewrite.kept_as_recorded == 1
+
+
+def test_supervised_finetune_draws_each_batch_through_augment(tokenizer: Any) -> None:
+    model = small_model(tokenizer)
+    examples = [_named_example(tokenizer, name) for name in ("Bora", "Lumo", "Tesk", "Vira")]
+    drawn: list[int] = []
+
+    def augment(example: SftExample, rng: random.Random) -> SftExample:
+        drawn.append(len(example.input_ids))
+        return example
+
+    supervised_finetune(model, examples, SftConfig(steps=3, batch_size=2, threads=1), augment=augment)
+    assert len(drawn) == 6

@@ -165,3 +165,32 @@ def test_sft_command_errors_are_clear(tokenizer: Any, tmp_path: Path) -> None:
     bare.write_text('[agent]\nentry = "reinforge.demo.agent:calc_agent"\n[data]\ntrain = "train.jsonl"\n')
     out = CliRunner().invoke(app, ["sft", str(bare)])
     assert out.exit_code == 2 and "no [warm_start] section" in out.output
+
+
+def test_sft_command_rewrites_each_drawn_conversation_with_the_named_function(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    config = write_config(tmp_path, tokenizer)
+    (tmp_path / "seen_rewrite.py").write_text(
+        "SEEN = []\n\ndef rename(segments, rng):\n    SEEN.append(list(segments))\n    return segments\n"
+    )
+    config.write_text(
+        config.read_text().replace('out = "warm"\n', 'out = "warm"\nrewrite = "seen_rewrite:rename"\n')
+    )
+    out = CliRunner().invoke(app, ["sft", str(config)])
+    assert out.exit_code == 0, out.output
+    import sys
+
+    seen = sys.modules["seen_rewrite"].SEEN
+    assert len(seen) == 3 * 4  # every example of every batch: 3 steps of 4
+    assert all(len(s) >= 2 and "ANSWER: " in "".join(s) for s in seen)  # context, then trained text
+
+    config.write_text(config.read_text().replace("seen_rewrite:rename", "seen_rewrite:absent"))
+    bad = CliRunner().invoke(app, ["sft", str(config)])
+    assert bad.exit_code == 2 and "cannot load rewrite 'seen_rewrite:absent'" in bad.output
+
+
+def test_help_names_the_toml_sections() -> None:
+    out = CliRunner().invoke(app, ["sft", "--help"])
+    assert out.exit_code == 0
+    assert "[warm_start] section" in out.output and "[warm_start.sft] steps" in out.output

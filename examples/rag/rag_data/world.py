@@ -135,16 +135,20 @@ def _word(rng: random.Random) -> str:
     return "".join(parts).capitalize()
 
 
-def _unique_words(rng: random.Random, n: int, taken: set[str]) -> list[str]:
-    """`n` fresh name words, none in `taken` (which is updated): names never collide across kinds or parts."""
-    words: list[str] = []
-    while len(words) < n:
+def fresh_word(rng: random.Random, taken: set[str], avoid: frozenset[str] = frozenset()) -> str:
+    """A name word of the world's kind in neither `taken` (which is updated) nor `avoid`, and not a
+    document word."""
+    while True:
         word = _word(rng)
-        if word in taken or word.lower() in _RESERVED or not 4 <= len(word) <= 9:
+        if word in taken or word in avoid or word.lower() in _RESERVED or not 4 <= len(word) <= 9:
             continue
         taken.add(word)
-        words.append(word)
-    return words
+        return word
+
+
+def _unique_words(rng: random.Random, n: int, taken: set[str]) -> list[str]:
+    """`n` fresh name words, none in `taken` (which is updated): names never collide across kinds or parts."""
+    return [fresh_word(rng, taken) for _ in range(n)]
 
 
 def _build_part(rng: random.Random, split: Split, sizes: PartSizes, taken: set[str]) -> WorldPart:

@@ -115,9 +115,17 @@ def sft_command(
         if steps is not None and cfg.warm_start is not None:
             cfg.warm_start.sft.steps = steps
 
+        window: list[float] = []
+
         def progress(step: int, loss: float) -> None:
-            if step % 200 == 0:
-                typer.echo(f"sft step {step}: loss {loss:.4f}")
+            window.append(loss)
+            if (
+                step % 200 == 0
+            ):  # one batch's loss swings with its lengths; the mean since the last line doesn't
+                typer.echo(
+                    f"sft step {step}: loss {sum(window) / len(window):.4f} (mean of the last {len(window)})"
+                )
+                window.clear()
 
         report = asyncio.run(build_warm_start(cfg, recollect=recollect, on_step=progress, log=typer.echo))
     except ReinforgeError as exc:

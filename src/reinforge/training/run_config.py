@@ -98,6 +98,10 @@ class WarmStartSection(BaseModel):
         min_reward: train only on rollouts whose reward reaches this (None: all of them, which is
             what a designed mix of right and wrong behaviour needs).
         agents: train only the calls of these agent names (None: every call).
+        rewrite: `module:function` rewriting one conversation's text each time SFT draws it: it takes
+            the text segments (context and trained, in order) and a `random.Random`, and returns as
+            many segments (`reinforge.training.sft_rewrite`), for example fresh entity names, so
+            that the model learns to copy names rather than learn them by heart. None: as recorded.
         concurrency / processes / max_tokens: how the collection runs the agent (`processes` > 0:
             in that many runner children, each `concurrency` at once).
         sft: the supervised run's settings.
@@ -112,6 +116,7 @@ class WarmStartSection(BaseModel):
     out: str = "warm-start"
     min_reward: float | None = None
     agents: list[str] | None = None
+    rewrite: str | None = None
     concurrency: int = Field(default=64, ge=1)
     processes: int = Field(default=0, ge=0)
     max_tokens: int = Field(default=96, ge=1)

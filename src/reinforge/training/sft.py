@@ -34,6 +34,9 @@ class SftConfig(BaseModel):
     max_seconds: float | None = Field(default=None, gt=0)
     """Stop early after this much wall time (the schedule still decays over `steps`)."""
     seed: int = 0
+    threads: int | None = Field(default=None, ge=1)
+    """torch's CPU threads while training (None: as the process has them; `reinforge sft` records on
+    one)."""
     batching: Literal["random", "length_grouped"] = "random"
     """`random` draws each batch's examples with replacement; `length_grouped` goes through the examples
     epoch by epoch in batches of similar lengths, which pads far less when lengths vary widely."""
@@ -168,8 +171,13 @@ def supervised_finetune(
     *,
     pad_id: int = 0,
     on_step: Callable[[int, float], None] | None = None,
+    augment: Callable[[SftExample, random.Random], SftExample] | None = None,
 ) -> SftReport:
-    """Train `model` in place on `examples` (batches as `config.batching` says; cosine schedule)."""
+    """Train `model` in place on `examples` (batches as `config.batching` says; cosine schedule).
+
+    `augment` changes each example as it is drawn (for instance `sft_rewrite.RewritingExamples`,
+    which gives a conversation fresh names every time), with the run's own seeded generator.
+    """
     config = config or SftConfig()
     if not examples:
         raise InvalidRequestError("supervised_finetune needs at least one example")
@@ -178,6 +186,9 @@ def supervised_finetune(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
     )
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_factor(s, config))
+    threads_before = torch.get_num_threads()
+    if config.threads is not None:
+        torch.set_num_threads(config.threads)
     model.train()
     start = time.monotonic()
     first_loss = last_loss = float("nan")
@@ -190,6 +201,8 @@ def supervised_finetune(
     try:
         for step in range(1, config.steps + 1):
             batch = [examples[i] for i in next(batches)]
+            if augment is not None:
+                batch = [augment(ex, rng) for ex in batch]
             loss = masked_lm_loss(model, *_collate(batch, pad_id))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -205,4 +218,5 @@ def supervised_finetune(
                 break
     finally:
         model.eval()
+        torch.set_num_threads(threads_before)
     return SftReport(steps=step, seconds=time.monotonic() - start, first_loss=first_loss, last_loss=last_loss)

@@ -30,6 +30,7 @@ from reinforge.training.run_config import (
     resolve_agent,
 )
 from reinforge.training.sft import SftReport, supervised_finetune
+from reinforge.training.sft_rewrite import RewritingExamples
 
 
 class WarmStartReport(BaseModel):
@@ -103,9 +104,16 @@ async def build_warm_start(
         raise InvalidRequestError("no recorded call passed the [warm_start] filters: nothing to train on")
     log(f"training on {len(examples)} recorded sequences")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    report = await asyncio.to_thread(
-        supervised_finetune, model, examples, ws.sft, pad_id=pad_id, on_step=on_step
+    augment = (
+        RewritingExamples(tokenizer, load_callable(ws.rewrite, config.base_dir, what="rewrite"))
+        if ws.rewrite
+        else None
     )
+    report = await asyncio.to_thread(
+        supervised_finetune, model, examples, ws.sft, pad_id=pad_id, on_step=on_step, augment=augment
+    )
+    if augment is not None and augment.kept_as_recorded:
+        log(f"{augment.kept_as_recorded} drawn examples were used as recorded (ids not lossless as text)")
     out = ws.out_dir(config.base_dir)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)
