@@ -65,6 +65,9 @@ class MetricsCpuSampler:
         self._every_s = every_s
         self._me = psutil.Process()
         self._last_read: dict[int, float] = {}  # a child that exits keeps its last reading
+        self._children: list[psutil.Process] = []
+        self._relist_s = 2.0
+        self._relist_at = 0.0
         self._offset = 0
         self._steps = 0
         self._samples: list[tuple[int, float, float, float]] = []  # steps, monotonic, own, children
@@ -91,7 +94,14 @@ class MetricsCpuSampler:
         return complete.count(b'"train/reward"')
 
     def _children_cpu(self) -> float:
-        for child in self._me.children(recursive=True):
+        # Listing the descendants walks every process on the machine: a few ms of this process's CPU,
+        # beside the trainer it measures. They change only when a child is restarted, so the list is
+        # taken again every `relist_s`.
+        now = time.monotonic()
+        if now >= self._relist_at:
+            self._children = self._me.children(recursive=True)
+            self._relist_at = now + self._relist_s
+        for child in self._children:
             try:
                 self._last_read[child.pid] = _cpu(child)
             except psutil.NoSuchProcess:

@@ -16,6 +16,7 @@ from reinforge.inference.contract import (
     Backend,
     GenerationRequest,
     GenerationResult,
+    PreparesAhead,
     SamplingParams,
     TextDelta,
 )
@@ -186,10 +187,8 @@ async def test_cpu_backend_completions_and_bad_requests(backend: EngineBackend) 
         await backend.generate(GenerationRequest())
 
 
-async def test_repeated_messages_reuse_the_rendered_prompt(backend: EngineBackend) -> None:
-    """A group's rollouts send the same messages: rendered once, the same ids every time; a change
-    in the messages or the tools renders again."""
-    tok = backend.tokenizer
+def _count_renders(backend: EngineBackend) -> list[int]:
+    """A list that grows by one each time the backend renders a prompt (not from its cache)."""
     calls: list[int] = []
     render = backend._render_uncached
 
@@ -198,6 +197,14 @@ async def test_repeated_messages_reuse_the_rendered_prompt(backend: EngineBacken
         return render(messages, tools)
 
     backend._render_uncached = counted  # type: ignore[method-assign]
+    return calls
+
+
+async def test_repeated_messages_reuse_the_rendered_prompt(backend: EngineBackend) -> None:
+    """A group's rollouts send the same messages: rendered once, the same ids every time; a change
+    in the messages or the tools renders again."""
+    tok = backend.tokenizer
+    calls = _count_renders(backend)
     first = await backend.generate(chat("add 2 and 3"))
     again = await backend.generate(chat("add 2 and 3"))
     other = await backend.generate(chat("say hi"))
@@ -212,3 +219,27 @@ async def test_repeated_messages_reuse_the_rendered_prompt(backend: EngineBacken
     # The cached ids are handed out as a fresh list: a caller changing them changes nothing here.
     again.prompt_token_ids.append(0)
     assert (await backend.generate(chat("add 2 and 3"))).prompt_token_ids == first.prompt_token_ids
+
+
+async def test_a_prompt_prepared_ahead_is_not_rendered_again(backend: EngineBackend) -> None:
+    """`prepare_ahead` (a held call, while it waits) renders the prompt that generate then finds
+    rendered; a request it can't render is left for generate to refuse, as without it."""
+    calls = _count_renders(backend)
+    backend.prepare_ahead(chat("say hi"))
+    backend.prepare_ahead(chat("say hi", tool_choice="none"))
+    assert len(calls) == 2
+    ahead = await backend.generate(chat("say hi"))
+    plain = await backend.generate(chat("say hi", tool_choice="none"))
+    assert len(calls) == 2
+    tok = backend.tokenizer
+    expected = tok.apply_chat_template(
+        [{"role": "user", "content": "say hi"}], tools=TOOLS, tokenize=False, add_generation_prompt=True
+    )
+    assert ahead.prompt_token_ids == tok(expected, add_special_tokens=False)["input_ids"]
+    assert plain.prompt_token_ids != ahead.prompt_token_ids
+    bad = GenerationRequest(messages=[{"content": "no role"}])
+    backend.prepare_ahead(bad)  # raises nothing
+    backend.prepare_ahead(GenerationRequest(prompt="plain text"))  # nothing to render ahead
+    with pytest.raises(InvalidRequestError, match="role"):
+        await backend.generate(bad)
+    assert isinstance(backend, PreparesAhead)

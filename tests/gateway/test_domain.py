@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import httpx
@@ -84,6 +85,35 @@ class _Echo(ApiFormat):
 
     def stream_end(self, result: GenerationResult, rest: str) -> tuple[list[Event], dict[str, Any]]:
         return ([{"piece": rest}] if rest else []), self.body(result)
+
+
+class _PreparingBackend(ScriptedBackend):
+    """A scripted backend that notes the requests prepared ahead of generation."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer, ["ok"])
+        self.prepared: list[GenerationRequest] = []
+
+    def prepare_ahead(self, request: GenerationRequest) -> None:
+        self.prepared.append(request)
+
+
+async def test_a_held_call_is_prepared_before_it_waits_and_a_free_one_is_not(tokenizer: Any) -> None:
+    store = MemoryStore()
+    backend = _PreparingBackend(tokenizer)
+    gateway = Gateway(store, backend, SECRET)
+    free, held = await running_attempt(store), await running_attempt(store)
+    gateway.hold_rollouts([held.rollout.rollout_id], version=1)
+    request = GenerationRequest(messages=[{"role": "user", "content": "2+3?"}])
+    caller = await gateway.admit(free.attempt.attempt_id, gateway.token_for(free.attempt.attempt_id))
+    await gateway.wait_for_policy(caller, request)
+    assert backend.prepared == []
+    caller = await gateway.admit(held.attempt.attempt_id, gateway.token_for(held.attempt.attempt_id))
+    waiting = asyncio.create_task(gateway.wait_for_policy(caller, request))
+    await asyncio.sleep(0.01)
+    assert backend.prepared == [request] and not waiting.done()
+    gateway.release_version(1)
+    await asyncio.wait_for(waiting, 5)
 
 
 async def test_a_new_format_is_one_adapter_on_the_same_serving_path(

@@ -51,6 +51,22 @@ def test_a_long_attempt_goes_live_after_hold_s() -> None:
     assert [s.name for s in sink.spans] == ["s0", "s1"] and buffer.take() == []
 
 
+def test_the_closing_spans_of_a_long_or_busy_attempt_are_held_for_its_finish() -> None:
+    sink = ListSink()
+    buffer = AttemptSpanBuffer(sink, hold_s=0.05, max_held=2)
+    buffer.submit(_span(0))
+    time.sleep(0.08)
+    buffer.submit(_span(1))
+    assert [s.name for s in sink.spans] == ["s0", "s1"]  # live, as a long attempt goes
+    buffer.hold_rest()
+    buffer.submit(_span(2))
+    buffer.submit(_span(3))
+    assert [s.name for s in sink.spans] == ["s0", "s1"] and buffer.passed == 2
+    assert [s.name for s in buffer.take()] == ["s2", "s3"]
+    buffer.submit(_span(4))  # after the finish: written, as before
+    assert [s.name for s in sink.spans] == ["s0", "s1", "s4"] and buffer.take() == []
+
+
 def test_spans_from_many_threads_are_each_kept_once() -> None:
     sink = ListSink()
     buffer = AttemptSpanBuffer(sink, hold_s=60.0, max_held=50)

@@ -7,6 +7,7 @@ are exactly the engine's: the gateway records them and the trainer trains on the
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import OrderedDict
 from collections.abc import AsyncIterator
@@ -78,6 +79,15 @@ class EngineBackend:
         else:
             raise InvalidRequestError("the request needs messages or a prompt")
         return prompt_ids, request, use_tools and request.messages is not None
+
+    def prepare_ahead(self, request: GenerationRequest) -> None:
+        """Render a chat request's prompt into the render cache (`PreparesAhead`): a held call's
+        prompt is rendered while it waits, not after the release with the step's other calls."""
+        if request.messages is None or request.prompt is not None:
+            return
+        use_tools = bool(request.tools) and request.tool_choice != "none"
+        with contextlib.suppress(InvalidRequestError):  # raised again by generate, as without this
+            self._render_chat(request.messages, request.tools if use_tools else None)
 
     def _render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
         """The prompt ids of `messages` with `tools`, rendered by the chat template (cached by value)."""

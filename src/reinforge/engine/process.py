@@ -40,6 +40,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from reinforge._heap import freeze_startup_heap
 from reinforge.engine.adapters import LORA_PREFIX
 from reinforge.engine.engine import Engine, EngineDelta, EngineOutput
 from reinforge.engine.errors import EngineError, EngineStoppedError
@@ -520,6 +521,7 @@ def _serve(conn: Connection) -> None:
         conn.send_bytes(pickle.dumps(("error", _portable(exc))))
         return
     conn.send_bytes(pickle.dumps(("ready", {"fast_path": engine.uses_fast_path})))
+    freeze_startup_heap()  # the model and its libraries: out of the collections its calls trigger
     asyncio.run(_ChildLoop(conn, engine).run())
     engine.stop()
 

@@ -245,7 +245,7 @@ class GatewayRoutes:
                 raise GatewayHTTPError(400, "the request body must be a JSON object")
             call = fmt.parse(data, FormatContext(g.backend.model_name, self.texts, caller.state.extra))
             gen, history = g.prepare(caller, call.request)
-            await g.wait_for_policy(caller)
+            await g.wait_for_policy(caller, gen)
             if call.stream:
                 return EventStream(self._stream(caller, call, gen, history, data))
             started, t0 = time.time(), time.perf_counter()

@@ -25,7 +25,13 @@ from reinforge.gateway.errors import GatewayHTTPError
 from reinforge.gateway.history import Restored
 from reinforge.gateway.recorder import SpanRecorder
 from reinforge.gateway.tool_schemas import canonical_tools
-from reinforge.inference.contract import Backend, GenerationRequest, GenerationResult, TextDelta
+from reinforge.inference.contract import (
+    Backend,
+    GenerationRequest,
+    GenerationResult,
+    PreparesAhead,
+    TextDelta,
+)
 from reinforge.store.protocol import Store
 from reinforge.types import (
     AttemptOutcome,
@@ -65,6 +71,12 @@ def parse_traceparent(header: str | None) -> tuple[str, str] | None:
     if not all(c in "0123456789abcdef" for c in trace_id + parent) or set(trace_id) == {"0"}:
         return None
     return trace_id, parent
+
+
+async def _next_turn() -> None:
+    """Started on a loop from another thread, it ends after the callbacks that loop's current turn
+    schedules (a released call's request to the engine is one): `Gateway.settle`."""
+    await asyncio.sleep(0)
 
 
 DEFAULT_MAX_CALLS_PER_ATTEMPT = 10_000
@@ -184,6 +196,16 @@ class Gateway:
     def release_version(self, version: int) -> None:
         """Policy `version` is being served: let the calls held for it (or an older one) through."""
         self._on_loop_soon(lambda: self._release(version))
+
+    async def settle(self) -> None:
+        """Return once the serving loop has run what is ready on it now and what that scheduled next:
+        after `release_version` and `resume`, the calls they let through have reached the backend.
+
+        The trainer awaits it after publishing a version, so that its own next work (logging,
+        enqueueing a step ahead) does not take the interpreter from the released calls on their way
+        to the engine: the step's generation starts as soon as the weights are in.
+        """
+        await self._on_loop(_next_turn)
 
     def drop_holds(self, rollout_ids: Iterable[str]) -> None:
         """These rollouts were cancelled: their held calls get a 409 instead of waiting on."""
@@ -376,14 +398,19 @@ class Gateway:
         state.admitted += 1
         return Caller(state, agent, parse_traceparent(traceparent))
 
-    async def wait_for_policy(self, caller: Caller) -> None:
+    async def wait_for_policy(self, caller: Caller, request: GenerationRequest | None = None) -> None:
         """Wait while the caller's rollout is held for an unreleased policy (409 if it was dropped).
 
-        The HTTP layer calls it once the request is parsed: when the version is released, a held
-        call has only its generation left to start, so the step's calls reach the engine together.
+        The HTTP layer calls it once the request is parsed, with the request the backend will get: a
+        held call's backend-side preparation (`PreparesAhead`) is done before it waits, so that when
+        the version is released it has only its generation left to start, and the step's calls
+        reach the engine together.
         """
-        if self._holds:
-            await self._wait_for_policy(caller.state)
+        if not self._holds or self._holds.get(caller.state.rollout_id) is None:
+            return
+        if request is not None and isinstance(self.backend, PreparesAhead):
+            self.backend.prepare_ahead(request)
+        await self._wait_for_policy(caller.state)
 
     def prepare(
         self, caller: Caller, request: GenerationRequest

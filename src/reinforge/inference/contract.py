@@ -129,3 +129,15 @@ class Backend(Protocol):
     def stream(self, request: GenerationRequest) -> AsyncIterator[TextDelta | GenerationResult]:
         """Yield text deltas as they are produced, then exactly one GenerationResult."""
         ...
+
+
+@runtime_checkable
+class PreparesAhead(Protocol):
+    """A backend with work of its own to do on a request before generating it (the embedded engine
+    renders the chat prompt into token ids): the gateway has it done while the call is held for a
+    policy version not yet published, so that on release only the generation is left."""
+
+    def prepare_ahead(self, request: GenerationRequest) -> None:
+        """Do `request`'s preparation now, where `generate` and `stream` find it done; raise nothing
+        (they raise what the request's preparation raises, as before)."""
+        ...

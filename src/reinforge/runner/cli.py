@@ -27,6 +27,7 @@ import typer
 from pydantic import ValidationError
 
 from reinforge._event_loop import run_on_fast_loop
+from reinforge._heap import freeze_startup_heap
 from reinforge.errors import InvalidRequestError, ReinforgeError
 from reinforge.runner.agent import Agent, load_agent
 from reinforge.runner.command import CommandAgent
@@ -244,6 +245,10 @@ def runner_command(
             assert agent is not None
             sys.path.insert(0, os.getcwd())  # `--agent mymodule:fn` from the current folder, as uvicorn does
             the_agent = load_agent(agent)
+
+        # The agent and its libraries live as long as this process: out of the full collections
+        # that each leased attempt's allocations would otherwise trigger every few seconds.
+        freeze_startup_heap()
 
         async def main() -> tuple[RunnerStats, bool]:
             opened = await open_store(store, store_token)

@@ -318,7 +318,7 @@ class Runner:
     ) -> None:
         attempt_id = ctx.attempt_id
         try:
-            outcome = await self._outcome(work, ctx, state)
+            outcome = await self._outcome(work, ctx, state, spans)
             overrun = budget.overrun_error()
             if overrun is not None and outcome.status is AttemptStatus.succeeded:
                 # The episode was cut short of its record: it must not be trained on as it stands.
@@ -384,7 +384,11 @@ class Runner:
             raise InvalidRequestError(f"the agent returned {value!r}; return a number or None ({e})") from e
 
     async def _outcome(
-        self, work: asyncio.Task[float | None], ctx: AttemptContext, state: _AttemptState
+        self,
+        work: asyncio.Task[float | None],
+        ctx: AttemptContext,
+        state: _AttemptState,
+        spans: AttemptSpanBuffer,
     ) -> AttemptOutcome:
         timeout = self.agent.timeout_s if self.agent.timeout_s is not None else self.timeout_s
         done, _ = await asyncio.wait({work}, timeout=timeout)
@@ -413,6 +417,7 @@ class Runner:
             return AttemptOutcome(status=AttemptStatus.failed, error=_error_text(exc), retryable=retryable)
         reward = work.result()
         if reward is not None:
+            spans.hold_rest()  # the final reward travels with the finish, however long the attempt ran
             with attempt_scope(ctx):
                 emit_reward(reward, final=True)
         return AttemptOutcome(status=AttemptStatus.succeeded, reward=reward)

@@ -30,12 +30,16 @@ class AttemptSpanBuffer:
         self._lock = threading.Lock()
         self._held: list[Span] = []
         self._passing = False
+        self._holding_rest = False
         self.passed = 0
         """How many spans went to the writer (the runner flushes it before finishing if any did)."""
 
     def submit(self, span: Span) -> None:
         # The writer is called under the lock, so spans reach it in the order they ended.
         with self._lock:
+            if self._holding_rest:
+                self._held.append(span)
+                return
             if not self._passing:
                 self._held.append(span)
                 if len(self._held) < self._max_held and time.monotonic() < self._deadline:
@@ -48,9 +52,17 @@ class AttemptSpanBuffer:
             for s in spans:
                 self._writer.submit(s)
 
+    def hold_rest(self) -> None:
+        """Hold every span from now until `take()`, however long the attempt ran: the runner's own
+        closing spans (the final reward), which its finish sends right after them anyway, instead
+        of a store round trip of their own that the finish would then wait on."""
+        with self._lock:
+            self._holding_rest = True
+
     def take(self) -> list[Span]:
         """The spans still held, in submission order; later spans go to the writer."""
         with self._lock:
             self._passing = True
+            self._holding_rest = False
             spans, self._held = self._held, []
         return spans

@@ -428,6 +428,8 @@ class RolloutStack:
             self.gateway.release_version(version)
         finally:
             self.gateway.resume()
+        # The released calls reach the engine before the trainer moves on to the next step's work.
+        await self.gateway.settle()
 
     async def stop(self) -> None:
         self._stop.set()

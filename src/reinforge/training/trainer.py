@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from reinforge._heap import freeze_startup_heap
 from reinforge.algorithms import GRPO, PPO, Algorithm, compute_advantages
 from reinforge.credit import CreditConfig
 from reinforge.errors import InvalidRequestError
@@ -216,7 +217,10 @@ class Trainer:
         _seed_everything(cfg.seed)
         run = await self._open_run(store, agent, train, val)
         try:
-            _freeze_heap()
+            # What exists before training (model, tokenizer, libraries, rollout stack) lives until
+            # the end: frozen out of the full collections a step triggers (docs/training.md), and
+            # unfrozen when fit ends.
+            freeze_startup_heap()
             val_before = await self._validate_before(run)
             scheduler = RolloutScheduler(
                 cfg.schedule,
@@ -563,19 +567,6 @@ class _Run:
     data_position: dict[str, Any]
     async_rollouts: AsyncRollouts | None = None
     """The asynchronous schedule's rollout pool (`schedule.max_staleness` >= 1), else None."""
-
-
-def _freeze_heap() -> None:
-    """Move everything alive now (model, tokenizer, libraries, rollout stack) out of the collector's
-    reach.
-
-    A step allocates enough container objects to trigger a full (generation 2) collection every few
-    steps, and a full collection walks the whole heap, a large share of a step (docs/training.md).
-    What exists before training lives until the end, so it is frozen (`gc.freeze`) and unfrozen when
-    fit ends; later collections walk only what training itself allocated.
-    """
-    gc.collect()
-    gc.freeze()
 
 
 def _is_group_patch(value: Any, current: Any) -> bool:

@@ -8,6 +8,10 @@ from pathlib import Path
 
 from reinforge.training.metric_sinks.base import Outcome
 
+FLUSH_EVERY_S = 2.0
+"""How often the writer thread flushes (and fsyncs) the event file: off the trainer's event loop,
+instead of once per step on it."""
+
 
 class TensorBoardSink:
     """One event per step holding all of its finite scalars (TensorBoard can't chart NaN or inf)."""
@@ -20,7 +24,7 @@ class TensorBoardSink:
         # (autogen-core). tensorboardX writes the same event files on either.
         from tensorboardX import SummaryWriter
 
-        self._writer = SummaryWriter(logdir=str(run_dir / "tensorboard"))
+        self._writer = SummaryWriter(logdir=str(run_dir / "tensorboard"), flush_secs=FLUSH_EVERY_S)
 
     def log(self, step: int, values: Mapping[str, float]) -> None:
         """One multi-value summary, not `add_scalar` per value.
@@ -28,6 +32,8 @@ class TensorBoardSink:
         `SummaryWriter.add_scalar` makes one event per scalar, and each goes through the writer
         thread's small bounded queue: a step's few dozen scalars made the trainer wait on that queue,
         on its critical path (docs/training.md). TensorBoard reads a multi-value summary the same way.
+        The file is flushed by the writer's own thread every `FLUSH_EVERY_S` and on close: a flush
+        here fsyncs the event file on the trainer's event loop, during the next step's generation.
         """
         from tensorboardX.proto.summary_pb2 import Summary
 
@@ -38,7 +44,6 @@ class TensorBoardSink:
         ]
         if scalars:
             self._writer.file_writer.add_summary(Summary(value=scalars), step)
-        self._writer.flush()
 
     def close(self, outcome: Outcome = "finished") -> None:
         self._writer.close()
