@@ -60,13 +60,14 @@ class MetricsCpuSampler:
     training step (polled every `every_s`); `result()` gives CPU per step from the first logged
     step to the last, the window `steps_per_second` measures."""
 
-    def __init__(self, metrics: Path, *, every_s: float = 0.2) -> None:
+    def __init__(self, metrics: Path, *, every_s: float = 0.2, relist_s: float = 2.0) -> None:
         self._metrics = metrics
         self._every_s = every_s
         self._me = psutil.Process()
         self._last_read: dict[int, float] = {}  # a child that exits keeps its last reading
         self._children: list[psutil.Process] = []
-        self._relist_s = 2.0
+        self._relist_s = relist_s
+        """How often the child processes are listed again (a child started since is read from then on)."""
         self._relist_at = 0.0
         self._offset = 0
         self._steps = 0

@@ -54,7 +54,8 @@ def test_sampler_reads_child_cpu_between_the_first_and_last_logged_step(tmp_path
         "while time.process_time() - t < 0.6: pass\n"  # a margin over the 0.55 awaited below
         "sys.stdin.read()"
     )
-    with step_cpu.MetricsCpuSampler(metrics, every_s=0.02) as sampler:
+    # relist_s=0: the child starts after the first sample, and the test doesn't wait out the relisting
+    with step_cpu.MetricsCpuSampler(metrics, every_s=0.02, relist_s=0.0) as sampler:
         _log_step(metrics, 1)
         _wait_for(lambda: len(sampler._samples) == 1)
         child = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
