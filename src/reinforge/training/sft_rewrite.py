@@ -45,6 +45,10 @@ class RewritingExamples:
         self._rewrite = rewrite
         self.kept_as_recorded = 0
         """Examples used unchanged because their ids don't survive decoding and encoding again."""
+        self._texts: dict[int, tuple[SftExample, list[tuple[int, str]] | None]] = {}
+        """Per example (by identity; the example is kept so its id can't be reused): its segments'
+        mask values and texts, or None when they don't encode back. An example is drawn every epoch;
+        its recorded text is decoded and checked once."""
 
     def _decode(self, ids: Sequence[int]) -> str:
         text = self._tokenizer.decode(
@@ -56,15 +60,24 @@ class RewritingExamples:
     def _encode(self, text: str) -> list[int]:
         return list(self._tokenizer(text, add_special_tokens=False)["input_ids"])
 
+    def _segment_texts(self, example: SftExample) -> list[tuple[int, str]] | None:
+        cached = self._texts.get(id(example))
+        if cached is not None and cached[0] is example:
+            return cached[1]
+        segments = [(flag, self._decode(ids), ids) for flag, ids in mask_segments(example)]
+        lossless = all(self._encode(text) == ids for _, text, ids in segments)
+        texts = [(flag, text) for flag, text, _ in segments] if lossless else None
+        self._texts[id(example)] = (example, texts)
+        return texts
+
     def __call__(self, example: SftExample, rng: random.Random) -> SftExample:
-        segments = mask_segments(example)
-        texts = [self._decode(ids) for _, ids in segments]
-        if any(self._encode(text) != ids for text, (_, ids) in zip(texts, segments, strict=True)):
+        segments = self._segment_texts(example)
+        if segments is None:
             self.kept_as_recorded += 1
             return example
-        rewritten = self._rewrite(texts, rng)
-        if len(rewritten) != len(texts):
-            raise ValueError(f"a text rewrite returned {len(rewritten)} segments for {len(texts)}")
+        rewritten = self._rewrite([text for _, text in segments], rng)
+        if len(rewritten) != len(segments):
+            raise ValueError(f"a text rewrite returned {len(rewritten)} segments for {len(segments)}")
         input_ids: list[int] = []
         loss_mask: list[int] = []
         for (flag, _), text in zip(segments, rewritten, strict=True):
