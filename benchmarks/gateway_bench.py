@@ -10,9 +10,11 @@ with a 100 ms pause after each block (see `measure` for why not call by call):
 3. through agentlightning 1.0.2's server proxy (`/proxy/rollout/.../openai/v1`, recording into its
    in-memory store; its own process, its own Python 3.12 venv under `.bench/`).
 A gateway's added latency is its p50 minus the direct p50. After the run the script checks that the
-reinforge store holds one LLM span per call made through it.
+reinforge store holds one LLM span per call made through it. With `--floor`, a fourth target is a proxy
+that only forwards each message's bytes (`baselines/forwarding_proxy.py`): what any Python gateway on
+this loop and machine adds before doing any work of its own.
 
-    .venv/bin/python benchmarks/gateway_bench.py [--quick] [--calls N] [--store sqlite|memory]
+    .venv/bin/python benchmarks/gateway_bench.py [--quick] [--calls N] [--store sqlite|memory] [--floor]
 
 Ends with `RESULT gateway_added_p50_ms=<ms>` and `RESULT gateway_overhead_ratio_vs_agl=<theirs/ours>`
 (goals: <= 1 ms; >= 5).
@@ -221,6 +223,9 @@ def main() -> None:
         help="where the reinforge gateway records (default: SQLite, the durable default)",
     )
     parser.add_argument("--skip-baseline", action="store_true")
+    parser.add_argument(
+        "--floor", action="store_true", help="also measure a proxy that only forwards bytes (the floor)"
+    )
     parser.add_argument("--serve-gateway", metavar="UPSTREAM_URL", help=argparse.SUPPRESS)
     parser.add_argument("--store-url", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -248,6 +253,24 @@ def main() -> None:
                     openai.OpenAI(base_url=ours.base_url(), api_key=token, max_retries=0), ours.pid
                 ),
             }
+            if args.floor:
+                floor_port = free_port()
+                floor = subprocess.Popen(
+                    [
+                        sys.executable,
+                        str(BASELINES / "forwarding_proxy.py"),
+                        str(upstream_port),
+                        str(floor_port),
+                    ]
+                )
+                cleanups.append(floor.terminate)
+                wait_http(f"http://127.0.0.1:{floor_port}/health", proc=floor)
+                targets["floor"] = Target(
+                    openai.OpenAI(
+                        base_url=f"http://127.0.0.1:{floor_port}/v1", api_key="unused", max_retries=0
+                    ),
+                    floor.pid,
+                )
             if not args.skip_baseline:
                 try:
                     agl = AglServer(agl_python())
@@ -293,6 +316,12 @@ def main() -> None:
     )
     print(f"reinforge: added p50 {added:.3f} ms (median of per-call differences: {paired:.3f} ms)")
     print(f"RESULT gateway_added_p50_ms={added:.3f}")
+    if "floor" in p50:
+        floor_added = p50["floor"] - p50["direct"]
+        print(
+            f"a proxy that only forwards bytes adds {floor_added:.3f} ms p50: reinforge's own work on the "
+            f"call's path is {added - floor_added:.3f} ms"
+        )
     if "agentlightning" in p50:
         agl_added = p50["agentlightning"] - p50["direct"]
         ratio = agl_added / added if added > 0 else float("inf")

@@ -6,6 +6,7 @@ import random
 from typing import Any
 
 import pytest
+import torch
 
 from reinforge.demo.calculator import CALCULATOR_TOOL
 from reinforge.demo.tasks import generate_tasks, make_task
@@ -63,6 +64,24 @@ def test_supervised_finetune_lowers_the_loss(tokenizer: Any) -> None:
     assert not model.training  # left in eval mode for generation
     with pytest.raises(InvalidRequestError):
         supervised_finetune(model, [])
+
+
+def test_bfloat16_autocast_trains_float32_weights_on_bfloat16_activations(tokenizer: Any) -> None:
+    traces = synthetic_traces(generate_tasks("train", 64, seed=1), seed=1)
+    examples = [render_conversation(tokenizer, t, [CALCULATOR_TOOL]) for t in traces]
+    reports = {}
+    for dtype in ("float32", "bfloat16"):
+        model = small_model(tokenizer)  # the same seeded weights each time
+        config = SftConfig(steps=25, batch_size=16, warmup_steps=2, dtype=dtype)
+        reports[dtype] = supervised_finetune(model, examples, config, pad_id=tokenizer.pad_token_id)
+        assert {p.dtype for p in model.parameters()} == {torch.float32}
+    fp32, mixed = reports["float32"], reports["bfloat16"]
+    # The same first batch on the same weights: only bfloat16's rounding tells the losses apart.
+    assert mixed.first_loss == pytest.approx(fp32.first_loss, rel=0.02)
+    assert mixed.first_loss != fp32.first_loss
+    assert mixed.last_loss < 0.6 * mixed.first_loss
+    with pytest.raises(ValueError, match="dtype"):
+        SftConfig(dtype="float16")  # type: ignore[arg-type]
 
 
 def test_length_grouped_batches_cover_every_example_once_per_epoch_with_little_padding() -> None:

@@ -40,6 +40,10 @@ class SftConfig(BaseModel):
     batching: Literal["random", "length_grouped"] = "random"
     """`random` draws each batch's examples with replacement; `length_grouped` goes through the examples
     epoch by epoch in batches of similar lengths, which pads far less when lengths vary widely."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """`bfloat16` runs the forward and backward passes under bfloat16 autocast while the weights and
+    the optimizer stay in float32: faster where the CPU has bfloat16 matrix units (AMX, AVX512-BF16)
+    or on a GPU, at bfloat16's precision in the activations."""
 
 
 class SftExample(BaseModel):
@@ -104,7 +108,9 @@ def render_conversation(
     return SftExample(input_ids=full, loss_mask=mask)
 
 
-def _collate(batch: Sequence[SftExample], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _collate(
+    batch: Sequence[SftExample], pad_id: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     width = max(len(ex.input_ids) for ex in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(batch), width), dtype=torch.long)
@@ -114,6 +120,8 @@ def _collate(batch: Sequence[SftExample], pad_id: int) -> tuple[torch.Tensor, to
         ids[row, :n] = torch.tensor(ex.input_ids)
         attention[row, :n] = 1
         mask[row, :n] = torch.tensor(ex.loss_mask, dtype=torch.float32)
+    if device is not None and device.type != "cpu":
+        return ids.to(device), attention.to(device), mask.to(device)
     return ids, attention, mask
 
 
@@ -190,6 +198,8 @@ def supervised_finetune(
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     model.train()
+    device = next(model.parameters()).device
+    device_type, mixed = device.type, config.dtype == "bfloat16"
     start = time.monotonic()
     first_loss = last_loss = float("nan")
     step = 0
@@ -203,7 +213,8 @@ def supervised_finetune(
             batch = [examples[i] for i in next(batches)]
             if augment is not None:
                 batch = [augment(ex, rng) for ex in batch]
-            loss = masked_lm_loss(model, *_collate(batch, pad_id))
+            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=mixed):
+                loss = masked_lm_loss(model, *_collate(batch, pad_id, device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
