@@ -121,3 +121,19 @@ def test_rag_agents_sdk_reward_is_graded(tmp_path: Path) -> None:
     assert 0.0 < report.collected.mean_reward < 1.0
     assert fit.steps == 2
     assert 0.0 <= fit.val_after["val/reward"] <= 1.0
+
+
+@pytest.mark.parametrize("name", ["rag", "sql"])
+def test_a_second_warm_start_phase_continues_from_the_first_and_rl_starts_from_it(name: str) -> None:
+    first = load_run_config(EXAMPLES / name / "config.toml")
+    second = load_run_config(EXAMPLES / name / "config_continue.toml")
+    assert first.warm_start is not None and second.warm_start is not None
+    here = EXAMPLES / name
+    first_out, second_out = first.warm_start.out_dir(here).resolve(), second.warm_start.out_dir(here).resolve()
+    assert (here / second.warm_start.base).resolve() == first_out != second_out
+    assert (here / second.model.path).resolve() == second_out
+    assert second.warm_start.store == first.warm_start.store  # the same recorded traces
+    if name == "sql":  # per-role adapters train from the same (second-phase) warm start
+        lora = load_run_config(EXAMPLES / name / "config_lora.toml")
+        assert lora.model.path == second.model.path
+        assert lora.warm_start == second.warm_start
