@@ -129,7 +129,8 @@ def test_a_second_warm_start_phase_continues_from_the_first_and_rl_starts_from_i
     second = load_run_config(EXAMPLES / name / "config_continue.toml")
     assert first.warm_start is not None and second.warm_start is not None
     here = EXAMPLES / name
-    first_out, second_out = first.warm_start.out_dir(here).resolve(), second.warm_start.out_dir(here).resolve()
+    first_out = first.warm_start.out_dir(here).resolve()
+    second_out = second.warm_start.out_dir(here).resolve()
     assert (here / second.warm_start.base).resolve() == first_out != second_out
     assert (here / second.model.path).resolve() == second_out
     assert second.warm_start.store == first.warm_start.store  # the same recorded traces
