@@ -34,7 +34,7 @@ def _message_end(buffer: bytes) -> int:
 
 
 class _Framed(asyncio.Protocol):
-    """A connection that hands each whole message it reads to `on_message`."""
+    """A connection that writes each whole message it reads to its peer connection, as it came."""
 
     def __init__(self) -> None:
         self.buffer = b""

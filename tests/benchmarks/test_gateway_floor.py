@@ -4,6 +4,7 @@ its upstream connection instead of being lost."""
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 import subprocess
 import sys
@@ -14,38 +15,27 @@ from pathlib import Path
 import httpx
 import pytest
 
-BASELINES = Path(__file__).resolve().parents[2] / "benchmarks" / "baselines"
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+BASELINES = BENCHMARKS / "baselines"
 
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+_spec = importlib.util.spec_from_file_location("_agl", BENCHMARKS / "_agl.py")
+assert _spec is not None and _spec.loader is not None
+_agl = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_agl)  # the benchmarks' own free_port and wait_http
 
 
 def _serve(*args: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, *args], stdout=subprocess.DEVNULL)
 
 
-def _wait(url: str) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url, timeout=2.0).status_code == 200:
-                return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise AssertionError(f"{url} did not answer")
-
-
 @pytest.fixture
 def upstream_and_proxy() -> Iterator[tuple[str, str]]:
-    up_port, proxy_port = _free_port(), _free_port()
+    up_port, proxy_port = _agl.free_port(), _agl.free_port()
     procs = [_serve(str(BASELINES / "fast_upstream.py"), str(up_port))]
     try:
-        _wait(f"http://127.0.0.1:{up_port}/health")
+        _agl.wait_http(f"http://127.0.0.1:{up_port}/health", timeout=30, proc=procs[0])
         procs.append(_serve(str(BASELINES / "forwarding_proxy.py"), str(up_port), str(proxy_port)))
-        _wait(f"http://127.0.0.1:{proxy_port}/health")
+        _agl.wait_http(f"http://127.0.0.1:{proxy_port}/health", timeout=30, proc=procs[1])
         yield f"http://127.0.0.1:{up_port}", f"http://127.0.0.1:{proxy_port}"
     finally:
         for proc in procs:

@@ -109,7 +109,7 @@ def render_conversation(
 
 
 def _collate(
-    batch: Sequence[SftExample], pad_id: int, device: torch.device | None = None
+    batch: Sequence[SftExample], pad_id: int, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     width = max(len(ex.input_ids) for ex in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
@@ -120,9 +120,7 @@ def _collate(
         ids[row, :n] = torch.tensor(ex.input_ids)
         attention[row, :n] = 1
         mask[row, :n] = torch.tensor(ex.loss_mask, dtype=torch.float32)
-    if device is not None and device.type != "cpu":
-        return ids.to(device), attention.to(device), mask.to(device)
-    return ids, attention, mask
+    return ids.to(device), attention.to(device), mask.to(device)  # no copy when already there
 
 
 def masked_lm_loss(
@@ -199,7 +197,6 @@ def supervised_finetune(
         torch.set_num_threads(config.threads)
     model.train()
     device = next(model.parameters()).device
-    device_type, mixed = device.type, config.dtype == "bfloat16"
     start = time.monotonic()
     first_loss = last_loss = float("nan")
     step = 0
@@ -213,7 +210,7 @@ def supervised_finetune(
             batch = [examples[i] for i in next(batches)]
             if augment is not None:
                 batch = [augment(ex, rng) for ex in batch]
-            with torch.autocast(device_type, dtype=torch.bfloat16, enabled=mixed):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.dtype == "bfloat16"):
                 loss = masked_lm_loss(model, *_collate(batch, pad_id, device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
