@@ -1,10 +1,12 @@
 """The untrained model the warm start begins from: a tokenizer and a fresh tiny Llama.
 
 The tokenizer learns its pieces from the training text with every table and column word swapped for
-an invented one, drawn afresh at each use: its merges are SQL, the question templates and the
-syllables words are made of, never a whole table or column name. A training schema's names and a
-held-out schema's are then spelt from the same kind of pieces, so copying a name piece by piece,
-which the warm start teaches on the training schemas, works on held-out ones too.
+an invented one, drawn afresh at each use: its merges are SQL, the question templates and the letter
+groups English words are made of, never a whole table or column name. The invented words come from a
+letter model of the training schemas' own words (`mountain` and `height` are held out; `meadow` and
+`weight` are not), so a held-out name is spelt from the same kind of pieces the warm start learnt to
+copy. Spaces are tokens of their own (`spaces_apart`): a name is the same pieces in the question, in
+`AVG(height)` and after `T1.`, and copying it is copying those pieces.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import random
 import re
 from functools import cache
 
-from sql_data import DOMAINS, corpus_text, train_tasks
+from sql_data import DOMAINS, TRAIN_DOMAINS, corpus_text, train_tasks
 from transformers import LlamaForCausalLM, PreTrainedTokenizerFast
 
 from reinforge.models import build_tokenizer, tiny_llama
@@ -22,10 +24,8 @@ from reinforge.training.sft_rewrite import rename_words
 PROMPT_MARKERS = ["\nQ: ", "\nSQL: ", "\nRows: ", "\nFix:"]
 KEPT_WORDS = frozenset({"id", "name"})
 """Name words every schema shares (`<table>_id`, `name`): structure, kept whole like SQL keywords."""
-_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "tr", "st", "ch")
-_VOWELS = ("a", "e", "i", "o", "u")
-_CODAS = ("", "", "n", "r", "l", "s", "t")
 _WORD = re.compile(r"[a-z]+")
+_START, _END = "^", "$"
 
 
 def name_words() -> frozenset[str]:
@@ -34,10 +34,39 @@ def name_words() -> frozenset[str]:
     return frozenset(w for n in names for w in n.split("_")) - KEPT_WORDS
 
 
-def _invented(rng: random.Random) -> str:
-    return "".join(
-        rng.choice(_ONSETS) + rng.choice(_VOWELS) + rng.choice(_CODAS) for _ in range(rng.randint(2, 3))
+def training_name_words() -> frozenset[str]:
+    """The table and column words of the training schemas only: what invented words imitate."""
+    names = (
+        n for d in TRAIN_DOMAINS for t in DOMAINS[d].tables for n in (t.name, *(c.name for c in t.columns))
     )
+    return frozenset(w for n in names for w in n.split("_")) - KEPT_WORDS
+
+
+@cache
+def _next_letters() -> dict[str, tuple[str, ...]]:
+    """For each two letters of a training name word, the letters that follow them there (with
+    repeats, so a draw follows their frequency); `^` pads a word's start, `$` marks its end."""
+    follows: dict[str, list[str]] = {}
+    for word in sorted(training_name_words()):
+        padded = _START * 2 + word + _END
+        for i in range(2, len(padded)):
+            follows.setdefault(padded[i - 2 : i], []).append(padded[i])
+    return {context: tuple(letters) for context, letters in follows.items()}
+
+
+def _invented(rng: random.Random) -> str:
+    """An English-looking word of 3-10 letters from the training words' letter model."""
+    follows = _next_letters()
+    while True:
+        word, context = "", _START * 2
+        while len(word) <= 10:
+            letter = rng.choice(follows[context])
+            if letter == _END:
+                break
+            word += letter
+            context = context[1] + letter
+        if 3 <= len(word) <= 10:
+            return word
 
 
 def tokenizer_corpus(seed: int = 0) -> list[str]:
@@ -46,14 +75,21 @@ def tokenizer_corpus(seed: int = 0) -> list[str]:
     rng = random.Random(f"sql-tokenizer:{seed}")
 
     def swap(match: re.Match[str]) -> str:
-        return _invented(rng) if match.group(0) in words else match.group(0)
+        if match.group(0) not in words:
+            return match.group(0)
+        new = _invented(rng)
+        while new in words:
+            new = _invented(rng)
+        return new
 
     return [_WORD.sub(swap, line) for line in corpus_text(train_tasks()).splitlines()]
 
 
 @cache
 def tokenizer() -> PreTrainedTokenizerFast:
-    return build_tokenizer(tokenizer_corpus(), vocab_size=1024, special_tokens=PROMPT_MARKERS)
+    return build_tokenizer(
+        tokenizer_corpus(), vocab_size=1024, special_tokens=PROMPT_MARKERS, spaces_apart=True
+    )
 
 
 def fresh_model() -> tuple[LlamaForCausalLM, PreTrainedTokenizerFast]:

@@ -255,3 +255,44 @@ def test_fresh_names_rename_tables_and_columns_consistently_and_leave_the_rest()
     schema_tables = re.findall(r"(?:^|\| )(\w+)\(", out[0].split("\n")[0].removeprefix("Schema: "))
     assert renamed_tables and set(renamed_tables) <= set(schema_tables)
     assert sql_model.fresh_names(segments, random.Random(0)) == out
+
+
+def test_invented_words_are_drawn_from_training_letters_and_never_a_schema_word() -> None:
+    import random
+
+    import sql_model
+
+    held_out = sql_model.name_words() - sql_model.training_name_words()
+    assert {"mountain", "height"} <= held_out  # the letter model never sees a held-out word
+    rng = random.Random(0)
+    out = sql_model.fresh_names(["mountain(height) and pet(age)"], rng)[0]
+    invented = re.findall(r"[a-z]+", out)
+    assert len(invented) == 5 and invented[2] == "and"
+    assert not set(invented) & sql_model.name_words()
+    corpus = "\n".join(sql_model.tokenizer_corpus())
+    assert not set(re.findall(r"[a-z]+", corpus)) & held_out
+    words = [sql_model._invented(random.Random(i)) for i in range(300)]
+    assert all(3 <= len(w) <= 10 and w.isalpha() for w in words)
+    assert len(set(words)) > 200  # varied, not a handful of favourites
+    letters = set("".join(words))
+    assert len(letters) >= 22  # English spelling, not a fixed syllable inventory
+
+
+def test_every_name_a_held_out_query_needs_is_spelt_alike_in_its_prompt(val: list[dict[str, Any]]) -> None:
+    """Copying is exact: each table or column name of a held-out gold query appears in the writer's
+    prompt as the same token pieces, whether the query writes it after a space, `(` or `T1.`."""
+    import sql_model
+    from sql_agent import writer_prompt
+
+    tok = sql_model.tokenizer()
+
+    def ids(text: str) -> list[int]:
+        return list(tok(text, add_special_tokens=False)["input_ids"])
+
+    checked = 0
+    for task in val:
+        prompt = " " + " ".join(map(str, ids(writer_prompt(task["schema"], task["question"])))) + " "
+        for word in set(re.findall(r"(?<![A-Za-z0-9'])[a-z]+(?:_[a-z]+)*", task["gold_sql"])):
+            assert " " + " ".join(map(str, ids(word))) + " " in prompt, (word, task["gold_sql"])
+            checked += 1
+    assert checked > 3 * len(val)

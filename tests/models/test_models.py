@@ -76,6 +76,27 @@ def test_markers_are_single_tokens_and_survive_decoding(tokenizer: PreTrainedTok
     assert tokenizer.decode(ids, skip_special_tokens=True) == "<calc>12</calc><tool_call>{}</tool_call>"
 
 
+def test_spaces_apart_spells_a_word_alike_after_a_space_a_bracket_and_a_dot() -> None:
+    corpus = [
+        f"SELECT AVG({w}) FROM t WHERE T1.{w} > 3 AND {w} < 9" for w in ("height", "weight", "eight")
+    ] * 20
+    apart = build_tokenizer(corpus, vocab_size=300, spaces_apart=True)
+    joined = build_tokenizer(corpus, vocab_size=300)
+
+    def pieces(tok: PreTrainedTokenizerFast, text: str) -> list[str]:
+        return [
+            t for t in tok.convert_ids_to_tokens(tok(text)["input_ids"]) if t not in ("(", ".", "Ġ", "T", "1")
+        ]
+
+    assert pieces(apart, " height") == pieces(apart, "(height") == pieces(apart, "T1.height")
+    assert apart.convert_ids_to_tokens(apart(" height ")["input_ids"])[0] == "Ġ"
+    assert all("Ġ" not in t or t == "Ġ" for t in apart.convert_ids_to_tokens(apart(corpus[0])["input_ids"]))
+    text = "SELECT AVG(height)  FROM t"
+    assert apart.decode(apart(text)["input_ids"]) == text  # lossless, double space included
+    # the default merges a space into the word after it, so the two spellings differ
+    assert pieces(joined, " height") != pieces(joined, "(height")
+
+
 def test_special_token_ids(tokenizer: PreTrainedTokenizerFast) -> None:
     assert (tokenizer.bos_token, tokenizer.eos_token, tokenizer.pad_token) == ("<s>", "</s>", "<pad>")
     assert len({tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id}) == 3

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from reinforge.demo.calculator import CALCULATOR_TOOL
 from reinforge.demo.tasks import generate_tasks, make_task
 from reinforge.demo.traces import TraceMix, synthetic_trace, synthetic_traces
 from reinforge.errors import InvalidRequestError
+from reinforge.training.device import native_bfloat16
 from reinforge.training.sft import (
     SftConfig,
     SftExample,
@@ -75,6 +77,7 @@ def test_bfloat16_autocast_trains_float32_weights_on_bfloat16_activations(tokeni
         config = SftConfig(steps=25, batch_size=16, warmup_steps=2, dtype=dtype)
         reports[dtype] = supervised_finetune(model, examples, config, pad_id=tokenizer.pad_token_id)
         assert {p.dtype for p in model.parameters()} == {torch.float32}
+        assert reports[dtype].precision == dtype
     fp32, mixed = reports["float32"], reports["bfloat16"]
     # The same first batch on the same weights: only bfloat16's rounding tells the losses apart.
     assert mixed.first_loss == pytest.approx(fp32.first_loss, rel=0.02)
@@ -82,6 +85,28 @@ def test_bfloat16_autocast_trains_float32_weights_on_bfloat16_activations(tokeni
     assert mixed.last_loss < 0.6 * mixed.first_loss
     with pytest.raises(ValueError, match="dtype"):
         SftConfig(dtype="float16")  # type: ignore[arg-type]
+
+
+def test_auto_precision_follows_what_the_cpu_runs_natively(tokenizer: Any) -> None:
+    traces = synthetic_traces(generate_tasks("train", 16, seed=1), seed=1)
+    examples = [render_conversation(tokenizer, t, [CALCULATOR_TOOL]) for t in traces]
+    config = SftConfig(steps=2, batch_size=8, warmup_steps=0, dtype="auto")
+    report = supervised_finetune(small_model(tokenizer), examples, config, pad_id=tokenizer.pad_token_id)
+    expected = "bfloat16" if native_bfloat16(torch.device("cpu")) else "float32"
+    assert report.precision == expected
+
+
+def test_native_bfloat16_reads_the_cpu_flags(tmp_path: Path) -> None:
+    cpu = torch.device("cpu")
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n\nprocessor\t: 1\nflags\t\t: fpu avx2\n")
+    assert native_bfloat16(cpu, info) is False  # AVX2 only: autocast would emulate bfloat16
+    info.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16 amx_tile\n")
+    assert native_bfloat16(cpu, info) is True
+    info.write_text("flags\t\t: fpu avx512f amx_bf16\n")
+    assert native_bfloat16(cpu, info) is True
+    assert native_bfloat16(cpu, tmp_path / "missing") is False  # not Linux: float32, the safe choice
+    assert native_bfloat16(torch.device("meta"), info) is False
 
 
 def test_length_grouped_batches_cover_every_example_once_per_epoch_with_little_padding() -> None:

@@ -4,6 +4,10 @@ Why these choices: a tiny model learns arithmetic copying far better when every 
 so a `Digits(individual_digits=True)` pre-tokenizer runs before the byte-level split; the vocabulary is
 small (hundreds) so the embedding table does not dominate a ~1M-parameter model; and the chat/tool
 markers are single tokens so a turn costs as few tokens as possible.
+
+`spaces_apart=True` makes each space a token of its own: a word is then spelt with the same pieces
+after a space, a bracket or a dot, which a model that copies names from its prompt into code needs
+(`AVG(height)` and `... have height` share the pieces of `height`).
 """
 
 from __future__ import annotations
@@ -32,13 +36,18 @@ TOOL_TOKENS: tuple[str, ...] = (TOOL_CALL_START, TOOL_CALL_END)
 
 
 def build_tokenizer(
-    corpus: Iterable[str], vocab_size: int = 512, special_tokens: Sequence[str] = ()
+    corpus: Iterable[str],
+    vocab_size: int = 512,
+    special_tokens: Sequence[str] = (),
+    *,
+    spaces_apart: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on `corpus` and wrap it for transformers.
 
     `special_tokens` are extra atomic markers the task uses (e.g. `<calc>`); like the tool-call
     markers they are one token each but stay in decoded text. `vocab_size` counts the BPE vocabulary
     including the control tokens; the extra markers come on top (`len(tokenizer)` is the total).
+    `spaces_apart` keeps every space a token of its own, never merged into the word after it.
     """
     extra = [
         t for t in dict.fromkeys(special_tokens) if t not in CORE_SPECIAL_TOKENS and t not in TOOL_TOKENS
@@ -54,12 +63,11 @@ def build_tokenizer(
     atomic = [*CORE_SPECIAL_TOKENS, *TOOL_TOKENS, *extra]
 
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ]
-    )
+    splits: list[pre_tokenizers.PreTokenizer] = [pre_tokenizers.Digits(individual_digits=True)]
+    if spaces_apart:
+        splits.append(pre_tokenizers.Split(" ", behavior="isolated"))
+    splits.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True))
+    tok.pre_tokenizer = pre_tokenizers.Sequence(splits)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -132,7 +132,8 @@ def sft_command(
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from exc
     typer.echo(
-        f"trained {report.sft.steps} steps on {report.examples} sequences in {report.sft.seconds:.0f}s "
+        f"trained {report.sft.steps} steps ({report.sft.precision}) on {report.examples} sequences "
+        f"in {report.sft.seconds:.0f}s "
         f"(loss {report.sft.first_loss:.3f} -> {report.sft.last_loss:.3f})"
     )
     typer.echo(f"warm start saved to {report.out_dir}")

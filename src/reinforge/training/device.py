@@ -9,11 +9,31 @@ from __future__ import annotations
 import contextlib
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from reinforge.errors import InvalidRequestError
 from reinforge.training.config import ComputeSettings
+
+BFLOAT16_CPU_FLAGS = frozenset({"amx_bf16", "avx512_bf16"})
+"""CPU features that run bfloat16 matrix products natively; without them autocast emulates
+bfloat16 and is slower than float32 (docs/training.md)."""
+
+
+def native_bfloat16(device: torch.device, cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether bfloat16 autocast is a speed-up on `device`: a CUDA GPU that supports it, or a CPU
+    whose flags (Linux's `/proc/cpuinfo`) name AMX or AVX512-BF16."""
+    if device.type == "cuda":
+        return bool(torch.cuda.is_bf16_supported())
+    if device.type != "cpu":
+        return False
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    flags = {word for line in text.splitlines() if line.startswith("flags") for word in line.split()}
+    return bool(flags & BFLOAT16_CPU_FLAGS)
 
 
 @dataclass(frozen=True)

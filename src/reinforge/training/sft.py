@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from reinforge.errors import InvalidRequestError
+from reinforge.training.device import native_bfloat16
 
 
 class SftConfig(BaseModel):
@@ -40,10 +41,12 @@ class SftConfig(BaseModel):
     batching: Literal["random", "length_grouped"] = "random"
     """`random` draws each batch's examples with replacement; `length_grouped` goes through the examples
     epoch by epoch in batches of similar lengths, which pads far less when lengths vary widely."""
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     """`bfloat16` runs the forward and backward passes under bfloat16 autocast while the weights and
     the optimizer stay in float32: faster where the CPU has bfloat16 matrix units (AMX, AVX512-BF16)
-    or on a GPU, at bfloat16's precision in the activations."""
+    or on a GPU, at bfloat16's precision in the activations, and much slower on a CPU without them.
+    `auto` takes bfloat16 where the model's device runs it natively (`device.native_bfloat16`) and
+    float32 elsewhere, so one config is fast on both kinds of machine."""
 
 
 class SftExample(BaseModel):
@@ -60,6 +63,8 @@ class SftReport(BaseModel):
     seconds: float
     first_loss: float
     last_loss: float
+    precision: Literal["float32", "bfloat16"] = "float32"
+    """What the passes ran in (`auto` resolved)."""
 
 
 def _render_ids(
@@ -197,6 +202,7 @@ def supervised_finetune(
         torch.set_num_threads(config.threads)
     model.train()
     device = next(model.parameters()).device
+    bfloat16 = config.dtype == "bfloat16" or (config.dtype == "auto" and native_bfloat16(device))
     start = time.monotonic()
     first_loss = last_loss = float("nan")
     step = 0
@@ -210,7 +216,7 @@ def supervised_finetune(
             batch = [examples[i] for i in next(batches)]
             if augment is not None:
                 batch = [augment(ex, rng) for ex in batch]
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=config.dtype == "bfloat16"):
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bfloat16):
                 loss = masked_lm_loss(model, *_collate(batch, pad_id, device))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
@@ -227,4 +233,10 @@ def supervised_finetune(
     finally:
         model.eval()
         torch.set_num_threads(threads_before)
-    return SftReport(steps=step, seconds=time.monotonic() - start, first_loss=first_loss, last_loss=last_loss)
+    return SftReport(
+        steps=step,
+        seconds=time.monotonic() - start,
+        first_loss=first_loss,
+        last_loss=last_loss,
+        precision="bfloat16" if bfloat16 else "float32",
+    )
