@@ -134,7 +134,7 @@ def test_sft_command_records_trains_and_saves_a_loadable_model(tokenizer: Any, t
     out = CliRunner().invoke(app, ["sft", str(config)])
     assert out.exit_code == 0, out.output
     assert "recorded 6/6 rollouts" in out.output
-    assert "trained 3 steps on 6 sequences" in out.output
+    assert "trained 3 steps (float32) on 6 sequences" in out.output
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     loaded = AutoModelForCausalLM.from_pretrained(str(tmp_path / "warm"))
@@ -144,7 +144,7 @@ def test_sft_command_records_trains_and_saves_a_loadable_model(tokenizer: Any, t
     # A second run trains on the traces already recorded instead of recording again.
     again = CliRunner().invoke(app, ["sft", str(config), "--steps", "1"])
     assert again.exit_code == 0, again.output
-    assert "rollouts in" not in again.output and "trained 1 steps on 6 sequences" in again.output
+    assert "rollouts in" not in again.output and "trained 1 steps (float32) on 6 sequences" in again.output
 
     async def count() -> int:
         store = await open_store(f"sqlite:///{tmp_path / 'traces.db'}")
