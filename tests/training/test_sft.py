@@ -17,6 +17,7 @@ from reinforge.training.device import native_bfloat16
 from reinforge.training.sft import (
     SftConfig,
     SftExample,
+    _collate,
     length_grouped_batches,
     render_conversation,
     supervised_finetune,
@@ -94,6 +95,25 @@ def test_auto_precision_follows_what_the_cpu_runs_natively(tokenizer: Any) -> No
     report = supervised_finetune(small_model(tokenizer), examples, config, pad_id=tokenizer.pad_token_id)
     expected = "bfloat16" if native_bfloat16(torch.device("cpu")) else "float32"
     assert report.precision == expected
+
+
+def test_prompt_loss_weight_weighs_context_tokens_and_zero_leaves_them_out(tokenizer: Any) -> None:
+    short = SftExample(input_ids=[5, 6, 7, 8], loss_mask=[0, 0, 1, 1])
+    long = SftExample(input_ids=[5, 6, 7, 8, 9, 10], loss_mask=[0, 0, 0, 1, 1, 0])
+    _, _, mask = _collate([short, long], 0, torch.device("cpu"))
+    assert mask.tolist() == [[0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 1, 0]]
+    _, _, weighted = _collate([short, long], 0, torch.device("cpu"), 0.25)
+    assert weighted.tolist() == [[0.25, 0.25, 1, 1, 0, 0], [0.25, 0.25, 0.25, 1, 1, 0.25]]  # padding stays 0
+    traces = synthetic_traces(generate_tasks("train", 32, seed=1), seed=1)
+    examples = [render_conversation(tokenizer, t, [CALCULATOR_TOOL]) for t in traces]
+    losses = {}
+    for weight in (0.0, 0.5):
+        config = SftConfig(steps=1, batch_size=8, warmup_steps=0, prompt_loss_weight=weight)
+        report = supervised_finetune(small_model(tokenizer), examples, config, pad_id=tokenizer.pad_token_id)
+        losses[weight] = report.first_loss
+    assert losses[0.0] != losses[0.5]  # the same first batch and weights: only the prompt's share differs
+    with pytest.raises(ValueError, match="prompt_loss_weight"):
+        SftConfig(prompt_loss_weight=1.5)
 
 
 def test_native_bfloat16_reads_the_cpu_flags(tmp_path: Path) -> None:

@@ -41,6 +41,10 @@ class SftConfig(BaseModel):
     batching: Literal["random", "length_grouped"] = "random"
     """`random` draws each batch's examples with replacement; `length_grouped` goes through the examples
     epoch by epoch in batches of similar lengths, which pads far less when lengths vary widely."""
+    prompt_loss_weight: float = Field(default=0.0, ge=0.0, le=1.0)
+    """The loss weight of context tokens (prompts, tool results) beside the trained tokens' 1. Above
+    zero the model also learns to predict its prompts, where a schema or a page repeats its names:
+    copy practice that the replies alone give slowly (docs/experiments.md, "Session 15")."""
     dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     """`bfloat16` runs the forward and backward passes under bfloat16 autocast while the weights and
     the optimizer stay in float32: faster where the CPU has bfloat16 matrix units (AMX, AVX512-BF16)
@@ -114,8 +118,9 @@ def render_conversation(
 
 
 def _collate(
-    batch: Sequence[SftExample], pad_id: int, device: torch.device
+    batch: Sequence[SftExample], pad_id: int, device: torch.device, prompt_weight: float = 0.0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Padded ids, attention and loss weights: 1 on trained tokens, `prompt_weight` on the rest."""
     width = max(len(ex.input_ids) for ex in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
     attention = torch.zeros((len(batch), width), dtype=torch.long)
@@ -125,6 +130,8 @@ def _collate(
         ids[row, :n] = torch.tensor(ex.input_ids)
         attention[row, :n] = 1
         mask[row, :n] = torch.tensor(ex.loss_mask, dtype=torch.float32)
+    if prompt_weight:
+        mask += prompt_weight * (attention.float() - mask)
     return ids.to(device), attention.to(device), mask.to(device)  # no copy when already there
 
 
@@ -217,7 +224,7 @@ def supervised_finetune(
             if augment is not None:
                 batch = [augment(ex, rng) for ex in batch]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bfloat16):
-                loss = masked_lm_loss(model, *_collate(batch, pad_id, device))
+                loss = masked_lm_loss(model, *_collate(batch, pad_id, device, config.prompt_loss_weight))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
