@@ -28,18 +28,16 @@ _WORD = re.compile(r"[a-z]+")
 _START, _END = "^", "$"
 
 
-def name_words() -> frozenset[str]:
-    """Every word of every table and column name, training and held-out schemas alike."""
-    names = (n for d in DOMAINS.values() for t in d.tables for n in (t.name, *(c.name for c in t.columns)))
+@cache
+def name_words(domains: tuple[str, ...] = tuple(DOMAINS)) -> frozenset[str]:
+    """Every word of every table and column name of `domains` (all: training and held-out alike)."""
+    names = (n for d in domains for t in DOMAINS[d].tables for n in (t.name, *(c.name for c in t.columns)))
     return frozenset(w for n in names for w in n.split("_")) - KEPT_WORDS
 
 
 def training_name_words() -> frozenset[str]:
     """The table and column words of the training schemas only: what invented words imitate."""
-    names = (
-        n for d in TRAIN_DOMAINS for t in DOMAINS[d].tables for n in (t.name, *(c.name for c in t.columns))
-    )
-    return frozenset(w for n in names for w in n.split("_")) - KEPT_WORDS
+    return name_words(TRAIN_DOMAINS)
 
 
 @cache
@@ -54,8 +52,9 @@ def _next_letters() -> dict[str, tuple[str, ...]]:
     return {context: tuple(letters) for context, letters in follows.items()}
 
 
-def _invented(rng: random.Random) -> str:
-    """An English-looking word of 3-10 letters from the training words' letter model."""
+def _invented(rng: random.Random, banned: frozenset[str]) -> str:
+    """An English-looking word of 3-10 letters from the training words' letter model, none of
+    `banned` (the schemas' words: no held-out name may reach the training text)."""
     follows = _next_letters()
     while True:
         word, context = "", _START * 2
@@ -65,7 +64,7 @@ def _invented(rng: random.Random) -> str:
                 break
             word += letter
             context = context[1] + letter
-        if 3 <= len(word) <= 10:
+        if 3 <= len(word) <= 10 and word not in banned:
             return word
 
 
@@ -75,12 +74,7 @@ def tokenizer_corpus(seed: int = 0) -> list[str]:
     rng = random.Random(f"sql-tokenizer:{seed}")
 
     def swap(match: re.Match[str]) -> str:
-        if match.group(0) not in words:
-            return match.group(0)
-        new = _invented(rng)
-        while new in words:
-            new = _invented(rng)
-        return new
+        return _invented(rng, words) if match.group(0) in words else match.group(0)
 
     return [_WORD.sub(swap, line) for line in corpus_text(train_tasks()).splitlines()]
 
@@ -103,8 +97,9 @@ inside of a capitalised value such as 'Athens'."""
 
 
 @cache
-def _renamed_words() -> frozenset[str]:
-    return name_words()
+def _never_invented() -> frozenset[str]:
+    """What a fresh name may not be: a schema's word, or a word every schema shares."""
+    return name_words() | KEPT_WORDS
 
 
 def fresh_names(segments: list[str], rng: random.Random) -> list[str]:
@@ -115,12 +110,5 @@ def fresh_names(segments: list[str], rng: random.Random) -> list[str]:
     consistent; each time SFT draws it the names are new, and copying them from the prompt is the only
     way to predict them, as it is on a held-out database.
     """
-    words = _renamed_words()
-
-    def invent() -> str:
-        new = _invented(rng)
-        while new in words or new in KEPT_WORDS:
-            new = _invented(rng)
-        return new
-
-    return rename_words(segments, _NAME_WORD, words.__contains__, invent)
+    banned = _never_invented()
+    return rename_words(segments, _NAME_WORD, name_words().__contains__, lambda: _invented(rng, banned))

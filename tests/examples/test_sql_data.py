@@ -271,7 +271,7 @@ def test_invented_words_are_drawn_from_training_letters_and_never_a_schema_word(
     assert not set(invented) & sql_model.name_words()
     corpus = "\n".join(sql_model.tokenizer_corpus())
     assert not set(re.findall(r"[a-z]+", corpus)) & held_out
-    words = [sql_model._invented(random.Random(i)) for i in range(300)]
+    words = [sql_model._invented(random.Random(i), sql_model.name_words()) for i in range(300)]
     assert all(3 <= len(w) <= 10 and w.isalpha() for w in words)
     assert len(set(words)) > 200  # varied, not a handful of favourites
     letters = set("".join(words))
