@@ -20,7 +20,12 @@ from reinforge.inference import GenerationRequest
 from reinforge.inference.scripted import ScriptedBackend, ScriptedReply, ScriptedToolCall
 from reinforge.models import CHAT_TEMPLATE
 from reinforge.store.factory import open_store
-from reinforge.training.collect import collect_traces, recorded_rollouts, trace_examples
+from reinforge.training.collect import (
+    collect_traces,
+    recorded_rollouts,
+    tokenizer_fingerprint,
+    trace_examples,
+)
 from reinforge.types import SpanQuery
 
 from .conftest import small_model
@@ -154,6 +159,42 @@ def test_sft_command_records_trains_and_saves_a_loadable_model(tokenizer: Any, t
             await store.close()
 
     assert asyncio.run(count()) == 6
+
+
+def test_traces_of_another_tokenizer_are_refused_and_left_out_once_recorded_anew(
+    tokenizer: Any, tmp_path: Path
+) -> None:
+    """Recorded ids are only right for the tokenizer that made them: a base with another tokenizer
+    must not train on them (it would learn the wrong pieces), and nothing recorded is deleted."""
+    from transformers import AutoTokenizer
+
+    config = write_config(tmp_path, tokenizer)
+    first = CliRunner().invoke(app, ["sft", str(config)])
+    assert first.exit_code == 0, first.output
+    saved = AutoTokenizer.from_pretrained(str(tmp_path / "base"))
+    # a saved and reloaded tokenizer is the same tokenizer: a second phase from a folder may reuse traces
+    assert tokenizer_fingerprint(saved) == tokenizer_fingerprint(tokenizer)
+
+    saved.chat_template = CHAT_TEMPLATE.replace("<|user|>", "<|human|>")
+    saved.save_pretrained(tmp_path / "base")
+    assert tokenizer_fingerprint(saved) != tokenizer_fingerprint(tokenizer)
+    refused = CliRunner().invoke(app, ["sft", str(config)])
+    assert refused.exit_code == 2
+    assert "recorded with another tokenizer" in refused.output and "--recollect" in refused.output
+
+    again = CliRunner().invoke(app, ["sft", str(config), "--recollect"])
+    assert again.exit_code == 0, again.output
+    assert "recorded 6/6 rollouts" in again.output
+    assert "on 6 sequences" in again.output  # the new recording only, not the other tokenizer's 6
+
+    async def count() -> int:
+        store = await open_store(f"sqlite:///{tmp_path / 'traces.db'}")
+        try:
+            return len(await recorded_rollouts(store))
+        finally:
+            await store.close()
+
+    assert asyncio.run(count()) == 12  # the first recording is kept, only left out
 
 
 def test_sft_command_errors_are_clear(tokenizer: Any, tmp_path: Path) -> None:

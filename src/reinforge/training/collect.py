@@ -10,6 +10,8 @@ and train on those ids: `collect_traces` does the first part, `trace_examples` t
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import secrets
 import tempfile
 import time
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
+from transformers import PreTrainedTokenizerBase
 
 from reinforge.credit import CreditConfig
 from reinforge.gateway.app import Gateway, create_gateway_app
@@ -39,6 +42,9 @@ from reinforge.types import (
     RolloutStatus,
     Transition,
 )
+
+TOKENIZER_RESOURCE = "tokenizer"
+"""The resources key `collect_traces` writes the recording tokenizer's fingerprint under."""
 
 
 class CollectReport(BaseModel):
@@ -63,12 +69,15 @@ async def collect_traces(
     prefix: str | None = None,
     processes: int = 0,
     log_dir: Path | None = None,
+    tokenizer_id: str | None = None,
 ) -> CollectReport:
     """Run `agent` once on each task with `backend` behind the gateway; every call lands in `store`.
 
     The agent is the one training will run (same code, same framework), so what is recorded is what
     its framework renders; only the policy answering it differs. `processes` > 0 runs the agents in
     that many `reinforge runner` children (each `concurrency` at once), beside the gateway's process.
+    `tokenizer_id` (`tokenizer_fingerprint`) goes into the attempts' resources, so a later reader can
+    tell whether the recorded token ids are its tokenizer's.
     """
     started = time.monotonic()
     store_token = secrets.token_urlsafe(24)
@@ -120,7 +129,10 @@ async def collect_traces(
         )
         running = asyncio.create_task(runner.run(stop=stop))
     try:
-        resources = await store.put_resources(attempt_resources(0, temperature, max_tokens))
+        given = attempt_resources(0, temperature, max_tokens)
+        if tokenizer_id is not None:
+            given[TOKENIZER_RESOURCE] = tokenizer_id
+        resources = await store.put_resources(given)
         rollouts = await run_rollouts(
             store,
             list(enumerate(tasks)),
@@ -148,6 +160,26 @@ async def collect_traces(
     )
 
 
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
+    """A short hash of everything that decides a text's token ids: the pieces, merges, special tokens
+    and chat template. Two tokenizers with the same fingerprint give the same ids."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    spelling = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
+    template = getattr(tokenizer, "chat_template", None)
+    digest = hashlib.sha256(f"{spelling}\x1f{template}".encode())
+    return digest.hexdigest()[:16]
+
+
+async def recorded_tokenizers(store: Store, rollouts: Sequence[Rollout]) -> dict[int | None, str | None]:
+    """For each resources version of `rollouts`, the `tokenizer_fingerprint` its calls were recorded
+    with (None: the collection did not say)."""
+    found: dict[int | None, str | None] = {}
+    for version in {r.resources_version for r in rollouts}:
+        given = None if version is None else (await store.get_resources(version)).resources
+        found[version] = None if given is None else given.get(TOKENIZER_RESOURCE)
+    return found
+
+
 async def recorded_rollouts(store: Store) -> list[Rollout]:
     """Every succeeded rollout in `store`, oldest first."""
     found: list[Rollout] = []
@@ -170,16 +202,24 @@ def example_of(transition: Transition) -> SftExample:
 
 
 async def trace_examples(
-    store: Store, *, min_reward: float | None = None, agents: Sequence[str] | None = None
+    store: Store,
+    *,
+    min_reward: float | None = None,
+    agents: Sequence[str] | None = None,
+    tokenizer_id: str | None = None,
 ) -> list[SftExample]:
     """Supervised examples from the conversations recorded in `store`.
 
     A rollout's calls are merged into one sequence where each call's prompt extends the previous
     call's tokens (tool results are context, not targets), as RL's merged credit mode does. Only
-    rollouts whose reward reaches `min_reward` are kept, and only the calls of `agents` (all: None).
+    rollouts whose reward reaches `min_reward` are kept, only the calls of `agents` (all: None), and
+    with `tokenizer_id`, none recorded with another tokenizer (those whose collection did not say stay).
     """
     credit = CreditConfig(mode="merged", agents=list(agents) if agents else None)
     rollouts = await recorded_rollouts(store)
+    if tokenizer_id is not None:
+        recorded_with = await recorded_tokenizers(store, rollouts)
+        rollouts = [r for r in rollouts if recorded_with[r.resources_version] in (None, tokenizer_id)]
     if min_reward is not None:
         rollouts = [r for r in rollouts if (r.reward or 0.0) >= min_reward]
     transitions, _ = await collect_transitions(store, rollouts, credit)

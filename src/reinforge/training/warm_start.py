@@ -19,7 +19,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 from reinforge.errors import InvalidRequestError
 from reinforge.inference.scripted import ScriptedBackend
 from reinforge.store.factory import open_store
-from reinforge.training.collect import CollectReport, collect_traces, recorded_rollouts, trace_examples
+from reinforge.training.collect import (
+    CollectReport,
+    collect_traces,
+    recorded_rollouts,
+    recorded_tokenizers,
+    tokenizer_fingerprint,
+    trace_examples,
+)
 from reinforge.training.rollout_stack import MODEL_NAME
 from reinforge.training.run_config import (
     RunConfig,
@@ -75,6 +82,15 @@ async def build_warm_start(
     try:
         collected: CollectReport | None = None
         have = await recorded_rollouts(store)
+        fingerprint = tokenizer_fingerprint(tokenizer)
+        if have and not recollect:
+            recorded_with = set((await recorded_tokenizers(store, have)).values())
+            if fingerprint not in recorded_with and recorded_with - {None}:
+                raise InvalidRequestError(
+                    f"the traces in {ws.store} were recorded with another tokenizer than [warm_start] "
+                    "base gives: their token ids would train the wrong pieces. Run `reinforge sft "
+                    "--recollect` (it records anew) or name a new [warm_start] store"
+                )
         if recollect or not have:
             if ws.policy is None:
                 raise InvalidRequestError(
@@ -92,12 +108,15 @@ async def build_warm_start(
                 max_tokens=ws.max_tokens,
                 processes=ws.processes,
                 log_dir=ws.out_dir(config.base_dir).parent / "logs",
+                tokenizer_id=fingerprint,
             )
             log(
                 f"recorded {collected.succeeded}/{collected.rollouts} rollouts in {collected.seconds:.0f}s "
                 f"(mean reward {collected.mean_reward:.3f})"
             )
-        examples = await trace_examples(store, min_reward=ws.min_reward, agents=ws.agents)
+        examples = await trace_examples(
+            store, min_reward=ws.min_reward, agents=ws.agents, tokenizer_id=fingerprint
+        )
     finally:
         await store.close()
     if not examples:
