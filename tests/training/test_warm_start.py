@@ -134,6 +134,14 @@ warmup_steps = 1
     return config
 
 
+async def _recorded_count(path: Path) -> int:
+    store = await open_store(f"sqlite:///{path}")
+    try:
+        return len(await recorded_rollouts(store))
+    finally:
+        await store.close()
+
+
 def test_sft_command_records_trains_and_saves_a_loadable_model(tokenizer: Any, tmp_path: Path) -> None:
     config = write_config(tmp_path, tokenizer)
     out = CliRunner().invoke(app, ["sft", str(config)])
@@ -151,14 +159,7 @@ def test_sft_command_records_trains_and_saves_a_loadable_model(tokenizer: Any, t
     assert again.exit_code == 0, again.output
     assert "rollouts in" not in again.output and "trained 1 steps (float32) on 6 sequences" in again.output
 
-    async def count() -> int:
-        store = await open_store(f"sqlite:///{tmp_path / 'traces.db'}")
-        try:
-            return len(await recorded_rollouts(store))
-        finally:
-            await store.close()
-
-    assert asyncio.run(count()) == 6
+    assert asyncio.run(_recorded_count(tmp_path / "traces.db")) == 6
 
 
 def test_traces_of_another_tokenizer_are_refused_and_left_out_once_recorded_anew(
@@ -187,14 +188,8 @@ def test_traces_of_another_tokenizer_are_refused_and_left_out_once_recorded_anew
     assert "recorded 6/6 rollouts" in again.output
     assert "on 6 sequences" in again.output  # the new recording only, not the other tokenizer's 6
 
-    async def count() -> int:
-        store = await open_store(f"sqlite:///{tmp_path / 'traces.db'}")
-        try:
-            return len(await recorded_rollouts(store))
-        finally:
-            await store.close()
-
-    assert asyncio.run(count()) == 12  # the first recording is kept, only left out
+    # the first recording is kept, only left out
+    assert asyncio.run(_recorded_count(tmp_path / "traces.db")) == 12
 
 
 def test_sft_command_errors_are_clear(tokenizer: Any, tmp_path: Path) -> None:
