@@ -6,7 +6,8 @@ groups English words are made of, never a whole table or column name. The invent
 letter model of the training schemas' own words (`mountain` and `height` are held out; `meadow` and
 `weight` are not), so a held-out name is spelt from the same kind of pieces the warm start learnt to
 copy. Spaces are tokens of their own (`spaces_apart`): a name is the same pieces in the question, in
-`AVG(height)` and after `T1.`, and copying it is copying those pieces.
+`AVG(height)` and after `T1.`, and copying it is copying those pieces. The fresh names SFT draws are
+half such words and half runs of random pieces, which no sense of spelling predicts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from reinforge.models import build_tokenizer, tiny_llama
 from reinforge.training.sft_rewrite import rename_words
 
 PROMPT_MARKERS = ["\nQ: ", "\nSQL: ", "\nRows: ", "\nFix:"]
+SCRAMBLED_RATE = 0.5
+"""How often a fresh name is a run of random name pieces rather than an English-looking word."""
 KEPT_WORDS = frozenset({"id", "name"})
 """Name words every schema shares (`<table>_id`, `name`): structure, kept whole like SQL keywords."""
 _WORD = re.compile(r"[a-z]+")
@@ -102,13 +105,35 @@ def _never_invented() -> frozenset[str]:
     return name_words() | KEPT_WORDS
 
 
+@cache
+def _name_pieces() -> tuple[str, ...]:
+    """The tokenizer's pieces made of lowercase letters only: what a scrambled name is built from."""
+    return tuple(sorted(p for p in tokenizer().get_vocab() if _WORD.fullmatch(p)))
+
+
+def _scrambled(rng: random.Random, banned: frozenset[str]) -> str:
+    """A name of one to three pieces drawn uniformly: no letter model predicts where it goes or ends,
+    so only copying from the prompt does (a held-out English word is as surprising to a letter model
+    of the training words)."""
+    pieces = _name_pieces()
+    while True:
+        word = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 3)))
+        if 3 <= len(word) <= 12 and word not in banned:
+            return word
+
+
+def _fresh_word(rng: random.Random, banned: frozenset[str]) -> str:
+    return _scrambled(rng, banned) if rng.random() < SCRAMBLED_RATE else _invented(rng, banned)
+
+
 def fresh_names(segments: list[str], rng: random.Random) -> list[str]:
     """A recorded graph call with every table and column word replaced by an invented word, the same
     one at each use in the call (`[warm_start] rewrite`).
 
     Schema, question, queries and rows name tables and columns with the same words, so the call stays
     consistent; each time SFT draws it the names are new, and copying them from the prompt is the only
-    way to predict them, as it is on a held-out database.
+    way to predict them, as it is on a held-out database. Half the new words are English-looking, half
+    scrambled pieces, so the model learns to trust the prompt over its own sense of spelling.
     """
     banned = _never_invented()
-    return rename_words(segments, _NAME_WORD, name_words().__contains__, lambda: _invented(rng, banned))
+    return rename_words(segments, _NAME_WORD, name_words().__contains__, lambda: _fresh_word(rng, banned))

@@ -18,7 +18,7 @@ from sql_data import train_tasks
 
 from reinforge.inference import GenerationRequest
 
-GOLD_RATE = 0.15
+GOLD_RATE = 0.08
 """How often a writer or rewriter turn is the gold query."""
 
 

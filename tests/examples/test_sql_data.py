@@ -257,7 +257,7 @@ def test_fresh_names_rename_tables_and_columns_consistently_and_leave_the_rest()
     assert sql_model.fresh_names(segments, random.Random(0)) == out
 
 
-def test_invented_words_are_drawn_from_training_letters_and_never_a_schema_word() -> None:
+def test_fresh_names_are_half_training_spelling_half_scrambled_and_never_a_schema_word() -> None:
     import random
 
     import sql_model
@@ -276,6 +276,23 @@ def test_invented_words_are_drawn_from_training_letters_and_never_a_schema_word(
     assert len(set(words)) > 200  # varied, not a handful of favourites
     letters = set("".join(words))
     assert len(letters) >= 22  # English spelling, not a fixed syllable inventory
+
+    def triples(word: str) -> set[str]:
+        padded = "^^" + word + "$"
+        return {padded[i : i + 3] for i in range(len(padded) - 2)}
+
+    seen = set().union(*map(triples, sql_model.training_name_words()))
+
+    def surprising(word: str) -> bool:  # spelt with a letter triple no training name has
+        return not triples(word) <= seen
+
+    assert not any(map(surprising, words))  # the letter model only follows the training words
+    assert sum(map(surprising, held_out)) > 0.8 * len(held_out)  # which held-out English names do not
+    scrambled = [sql_model._scrambled(random.Random(i), sql_model.name_words()) for i in range(300)]
+    assert all(3 <= len(w) <= 12 and w.isalpha() and w not in sql_model.name_words() for w in scrambled)
+    assert len(set(scrambled)) > 280 and sum(map(surprising, scrambled)) > 200
+    renamed = [sql_model.fresh_names(["mountain"], random.Random(i))[0] for i in range(400)]
+    assert 120 < sum(map(surprising, renamed)) < 200  # about half the fresh names are scrambled
 
 
 def test_every_name_a_held_out_query_needs_is_spelt_alike_in_its_prompt(val: list[dict[str, Any]]) -> None:
