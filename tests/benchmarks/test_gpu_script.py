@@ -44,3 +44,20 @@ def test_gpu_script_refuses_to_fall_back_to_the_cpu_when_cuda_is_absent(
     err = capsys.readouterr().err
     assert "sees no CUDA GPU" in err and "--smoke" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA GPU is present: the scripts would run on it")
+def test_run_all_runs_both_checks_and_records_each_exit_code_where_cuda_is_absent(tmp_path: Path) -> None:
+    """Where a check fails (here: no CUDA), run_all.sh still runs the other one and says how each ended."""
+    done = subprocess.run(
+        ["bash", str(SCRIPT.parent / "run_all.sh"), str(tmp_path / "logs")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "CALC_TIMEOUT_S": "120"},
+    )
+    env = (tmp_path / "logs" / "env.txt").read_text()
+    assert "calc exit code: 2" in env and "engine exit code: 1" in env, env + done.stdout + done.stderr
+    assert "sees no CUDA GPU" in (tmp_path / "logs" / "calc.log").read_text()
+    assert "CUDA is not available" in (tmp_path / "logs" / "engine.log").read_text()
+    assert f"torch {torch.__version__}" in env

@@ -3,6 +3,8 @@ tool call → result → answer, with token ids chosen so the expected samples c
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from credit.span_factory import llm_span, reward_span, rollout, signal_span, tool_span
@@ -64,6 +66,18 @@ def test_merged_mode_falls_back_when_the_history_was_retokenised() -> None:
     assert transitions[1].prompt_ids == [*P2, 12, 99, *G2]
     assert [t.index for t in transitions] == [0, 1]
     assert (metrics.merged_calls, metrics.merge_mismatches) == (1, 1)
+
+
+def test_a_merge_mismatch_is_logged_with_where_the_prompt_diverged(caplog: pytest.LogCaptureFixture) -> None:
+    spans = episode()
+    spans[2] = llm_span([*P2, 12, 99, *G2], R3, t=102.0, seq=2)
+    caplog.set_level(logging.DEBUG, logger="reinforge.credit.merge")
+    build_transitions(rollout(), spans, CreditConfig(mode="merged"))
+    (record,) = [r for r in caplog.records if "merge mismatch" in r.getMessage()]
+    # History P2 + R2 = [1, 2, 3, 10, 11, 20, 12, 13]; the prompt has 99 where 13 was (index 7).
+    assert "diverges at token 7 (response/gap) of a 8-token history" in record.getMessage()
+    assert "history [1, 2, 3, 10, 11, 20, 12, 13]" in record.getMessage()
+    assert "prompt [1, 2, 3, 10, 11, 20, 12, 99, 21, 22]" in record.getMessage()
 
 
 def test_calls_are_ordered_by_writer_sequence_then_time_then_store_order() -> None:

@@ -8,6 +8,9 @@ merge the conversation's calls (the history each framework sends back extends th
 from __future__ import annotations
 
 import importlib
+import json
+import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -53,10 +56,18 @@ def example_agent(package: str, module: str, attribute: str) -> Any:
         sys.path.remove(str(EXAMPLES))
 
 
+def _decoded(message: str, tokenizer: Any) -> str:
+    """A merge-mismatch log line with its two token-id windows decoded."""
+    windows = re.findall(r"(history|prompt) (\[[\d, ]*\])", message)
+    texts = [f"{name}={tokenizer.decode(json.loads(ids))!r}" for name, ids in windows]
+    return message + " :: " + " ".join(texts)
+
+
 @pytest.mark.parametrize(("package", "module", "attribute"), CASES, ids=[f"{m}:{a}" for _, m, a in CASES])
 def test_a_short_fit_of_each_framework_agent(
-    tmp_path: Path, package: str, module: str, attribute: str
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, package: str, module: str, attribute: str
 ) -> None:
+    caplog.set_level(logging.DEBUG, logger="reinforge.credit.merge")  # says where a mismatch diverged
     agent = example_agent(package, module, attribute)
     model, tokenizer = load_warm_start()
     trainer = Trainer(
@@ -87,9 +98,12 @@ def test_a_short_fit_of_each_framework_agent(
     merged = sum(r["credit/merged_calls"] for r in steps)
     mismatched = sum(r["credit/merge_mismatches"] for r in steps)
     # Nearly every call extends the last one. A CI run under load once saw 1 mismatch in 36 calls of
-    # langgraph_two_roles that six reruns did not repeat and whose cause is not yet known, so one in
-    # ten is tolerated rather than none.
-    assert merged > 0 and mismatched <= merged // 10, (merged, mismatched)
+    # langgraph_two_roles that six reruns (and 1,000 more calls in 10 steps) did not repeat and whose
+    # cause is not yet known, so one in ten is tolerated rather than none; any mismatch is described
+    # in the failure message, decoded.
+    logged = [r.getMessage() for r in caplog.records]
+    mismatches = [_decoded(m, tokenizer) for m in logged if m.startswith("merge mismatch")]
+    assert merged > 0 and mismatched <= merged // 10, (merged, mismatched, mismatches)
     if module in TRAINED_ROLES:  # the checker's calls were recorded under its node's name, and left out
         assert all(r["credit/calls_filtered"] >= 4 for r in steps)
         assert all(r["credit/calls_named_by_role"] == r["credit/calls"] for r in steps)

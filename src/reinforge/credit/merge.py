@@ -8,9 +8,12 @@ those calls start a new sample, and the mismatch is counted rather than guessed 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from reinforge.credit.calls import LLMCall
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -68,5 +71,22 @@ def merge_calls(calls: list[LLMCall]) -> tuple[list[Sample], int, int]:
             continue
         if samples:
             mismatches += 1
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("merge mismatch: %s", describe_mismatch(samples[-1], call))
         samples.append(Sample.of(call))
     return samples, merged, mismatches
+
+
+def describe_mismatch(sample: Sample, call: LLMCall, context: int = 8) -> str:
+    """Where `call`'s prompt stops following `sample`'s tokens: what a merge-mismatch log says."""
+    history = sample.prompt_ids + sample.response_ids
+    at = next((i for i, (a, b) in enumerate(zip(history, call.prompt_ids, strict=False)) if a != b), None)
+    if at is None:
+        at = min(len(history), len(call.prompt_ids))
+    where = "prompt" if at < len(sample.prompt_ids) else "response/gap"
+    return (
+        f"span {call.span.span_id} ({call.agent_name}) after span {sample.calls[-1].span.span_id} "
+        f"({sample.calls[-1].agent_name}): diverges at token {at} ({where}) of a {len(history)}-token "
+        f"history; history {history[max(0, at - context) : at + context]} "
+        f"prompt {call.prompt_ids[max(0, at - context) : at + context]}"
+    )
