@@ -192,9 +192,13 @@ def _count_renders(backend: EngineBackend) -> list[int]:
     calls: list[int] = []
     render = backend._render_uncached
 
-    def counted(messages: list[dict[str, object]], tools: list[dict[str, object]] | None) -> list[int]:
+    def counted(
+        messages: list[dict[str, object]],
+        tools: list[dict[str, object]] | None,
+        generated: dict[int, list[int]],
+    ) -> list[int]:
         calls.append(1)
-        return render(messages, tools)
+        return render(messages, tools, generated)
 
     backend._render_uncached = counted  # type: ignore[method-assign]
     return calls
@@ -219,6 +223,36 @@ async def test_repeated_messages_reuse_the_rendered_prompt(backend: EngineBacken
     # The cached ids are handed out as a fresh list: a caller changing them changes nothing here.
     again.prompt_token_ids.append(0)
     assert (await backend.generate(chat("add 2 and 3"))).prompt_token_ids == first.prompt_token_ids
+
+
+async def test_a_generated_turn_goes_into_the_prompt_as_its_ids(backend: EngineBackend) -> None:
+    """A tool call the model wrote with spaces the template leaves out: the next prompt keeps the
+    ids it generated (`inference.chat_render`), so the two calls merge."""
+    tok = backend.tokenizer
+    first = await backend.generate(chat("add 2 and 3"))
+    spaced = CALL.replace('{"name":"calc","arguments":', '{"name": "calc", "arguments": ')
+    (call,) = parse_tool_calls(spaced).tool_calls
+    turn = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+        ],
+    }
+    history = [
+        {"role": "user", "content": "add 2 and 3"},
+        turn,
+        {"role": "tool", "tool_call_id": call.id, "content": "5"},
+    ]
+    generated = tok(spaced, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    request = GenerationRequest(
+        messages=history, tools=TOOLS, sampling=SamplingParams(temperature=0, max_tokens=4)
+    )
+    as_sent = await backend.generate(request)
+    kept = await backend.generate(request.model_copy(update={"generated_turns": {1: generated}}))
+    head = first.prompt_token_ids + generated
+    assert as_sent.prompt_token_ids[: len(head)] != head
+    assert kept.prompt_token_ids[: len(head)] == head
 
 
 async def test_a_prompt_prepared_ahead_is_not_rendered_again(backend: EngineBackend) -> None:

@@ -22,7 +22,7 @@ from reinforge.engine.engine_backend import EngineBackend
 from reinforge.gateway import create_gateway_app
 from reinforge.gateway.history import TurnMemory
 from reinforge.gateway.tool_schemas import canonical_tools
-from reinforge.inference.contract import GenerationResult, ToolCall
+from reinforge.inference.contract import GenerationRequest, GenerationResult, ToolCall
 from reinforge.net.background import BackgroundServer
 from reinforge.store.memory import MemoryStore
 from reinforge.types import SpanQuery
@@ -32,15 +32,32 @@ from .conftest import SECRET, running_attempt
 QUESTION = "8*16-20"
 
 
+class RecordingBackend(EngineBackend):
+    """The engine's backend, keeping each request the gateway hands it."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.requests: list[GenerationRequest] = []
+
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        self.requests.append(request)
+        return await super().generate(request)
+
+
 @pytest.fixture(scope="module")
-def engine_served() -> Iterator[tuple[str, MemoryStore]]:
+def backend() -> Iterator[RecordingBackend]:
     model, tokenizer = load_warm_start()
     engine = Engine(model, tokenizer, max_batch_size=4, seed=0)
+    yield RecordingBackend(engine)
+    engine.stop()
+
+
+@pytest.fixture(scope="module")
+def engine_served(backend: RecordingBackend) -> Iterator[tuple[str, MemoryStore]]:
     store = MemoryStore()
-    app = create_gateway_app(store, EngineBackend(engine), SECRET)
+    app = create_gateway_app(store, backend, SECRET)
     with BackgroundServer(app) as server:
         yield server.url, store
-    engine.stop()
 
 
 def _chat(url: str, attempt_id: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -103,17 +120,21 @@ def extends(one: dict[str, Any], two: dict[str, Any]) -> bool:
     return prompt[: len(generated)] == generated or prompt[: len(eos_dropped)] == eos_dropped
 
 
-async def test_a_respelled_tool_call_renders_as_generated(engine_served: tuple[str, MemoryStore]) -> None:
+async def test_a_respelled_tool_call_renders_as_generated(
+    engine_served: tuple[str, MemoryStore], backend: RecordingBackend
+) -> None:
     url, store = engine_served
     one, two = await _two_turns(url, store, langchain_spelling)
     assert '{"expression": ' in json.dumps(two[semconv.ATTR_LLM_REQUEST])  # recorded as sent
     assert (two[semconv.ATTR_HISTORY_MATCHED], two[semconv.ATTR_HISTORY_RESPELLED]) == (1, 1)
     assert two[semconv.ATTR_HISTORY_UNMATCHED] == 0
     assert extends(one, two)
+    # The backend got the turn's generated ids too (kept as ids where its template spells it otherwise).
+    assert backend.requests[-1].generated_turns == {1: one[semconv.ATTR_COMPLETION_TOKEN_IDS]}
 
 
 async def test_a_turn_the_gateway_did_not_produce_renders_as_sent(
-    engine_served: tuple[str, MemoryStore],
+    engine_served: tuple[str, MemoryStore], backend: RecordingBackend
 ) -> None:
     url, store = engine_served
 
@@ -124,6 +145,7 @@ async def test_a_turn_the_gateway_did_not_produce_renders_as_sent(
 
     one, two = await _two_turns(url, store, foreign)
     assert (two[semconv.ATTR_HISTORY_MATCHED], two[semconv.ATTR_HISTORY_UNMATCHED]) == (0, 1)
+    assert backend.requests[-1].generated_turns == {}  # not ours: nothing to keep
     assert not extends(one, two)  # the spaced arguments are not the tokens the model wrote
 
 
@@ -166,6 +188,7 @@ def test_memory_restores_only_what_means_the_same() -> None:
     assert restored.messages[1]["tool_calls"][0]["function"]["arguments"] == '{"expression":"1*3"}'
     assert restored.messages[3]["content"] == "ANSWER: 3"
     assert restored.messages[4] == sent[4]
+    assert restored.token_ids == {1: [2], 3: [2]}  # each restored turn's generated ids, by index
     changed = [
         dict(
             sent[1],

@@ -3,6 +3,7 @@
 It renders chat requests with the tokenizer's chat template (tools included), generates with the
 engine, and turns `<tool_call>` blocks into OpenAI tool calls. The token ids and logprobs it returns
 are exactly the engine's: the gateway records them and the trainer trains on them.
+The policy's own earlier turns go into a prompt as the ids it generated (`inference.chat_render`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from transformers import PreTrainedTokenizerBase
 from reinforge.engine.engine import Engine, EngineOutput
 from reinforge.engine.process import EngineProcess
 from reinforge.errors import InvalidRequestError
+from reinforge.inference.chat_render import ChatRenderer
 from reinforge.inference.contract import GenerationRequest, GenerationResult, TextDelta
 from reinforge.inference.structured import request_grammar
 from reinforge.inference.tool_calls import parse_tool_calls, safe_prefix_len
@@ -54,6 +56,7 @@ class EngineBackend:
         self.model_name = model_name
         vocab = self.tokenizer.get_vocab()
         self._turn_stop_ids = sorted({vocab[m] for m in TURN_MARKERS if m in vocab})
+        self._renderer = ChatRenderer(self.tokenizer, self._turn_stop_ids)
         self._rendered: OrderedDict[str, tuple[int, ...]] = OrderedDict()
 
     def _prepare(self, request: GenerationRequest) -> tuple[list[int], GenerationRequest, bool]:
@@ -64,7 +67,9 @@ class EngineBackend:
         if request.messages is not None:
             if request.prompt is not None:
                 raise InvalidRequestError("give either messages or prompt, not both")
-            prompt_ids = self._render_chat(request.messages, request.tools if use_tools else None)
+            prompt_ids = self._render_chat(
+                request.messages, request.tools if use_tools else None, request.generated_turns
+            )
             sampling = request.sampling.model_copy(
                 update={
                     "stop_token_ids": sorted({*request.sampling.stop_token_ids, *self._turn_stop_ids}),
@@ -87,18 +92,24 @@ class EngineBackend:
             return
         use_tools = bool(request.tools) and request.tool_choice != "none"
         with contextlib.suppress(InvalidRequestError):  # raised again by generate, as without this
-            self._render_chat(request.messages, request.tools if use_tools else None)
+            self._render_chat(request.messages, request.tools if use_tools else None, request.generated_turns)
 
-    def _render_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> list[int]:
-        """The prompt ids of `messages` with `tools`, rendered by the chat template (cached by value)."""
+    def _render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        generated: dict[int, list[int]] | None = None,
+    ) -> list[int]:
+        """The prompt ids of `messages` with `tools`, rendered by the chat template with `generated`
+        turns kept as their token ids (cached by value)."""
         try:
-            key: str | None = json.dumps([messages, tools], ensure_ascii=False)
+            key: str | None = json.dumps([messages, tools, generated or None], ensure_ascii=False)
         except (TypeError, ValueError):  # not JSON (a caller's own objects): render without the cache
             key = None
         if key is not None and (hit := self._rendered.get(key)) is not None:
             self._rendered.move_to_end(key)
             return list(hit)
-        ids = self._render_uncached(messages, tools)
+        ids = self._render_uncached(messages, tools, generated or {})
         if key is not None:
             self._rendered[key] = tuple(ids)
             if len(self._rendered) > RENDER_CACHE_SIZE:
@@ -106,23 +117,12 @@ class EngineBackend:
         return ids
 
     def _render_uncached(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        generated: dict[int, list[int]],
     ) -> list[int]:
-        if not messages:
-            raise InvalidRequestError("messages must not be empty")
-        for i, m in enumerate(messages):
-            if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-                raise InvalidRequestError(f"messages[{i}] needs a string 'role'")
-        template_tools: list[Any] | None = list(tools) if tools else None
-        try:
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=template_tools, tokenize=False, add_generation_prompt=True
-            )
-        except Exception as exc:  # jinja raises many types; all mean the messages don't fit the template
-            raise InvalidRequestError(
-                f"the messages cannot be rendered with the chat template: {exc}"
-            ) from exc
-        return list(self.tokenizer(str(text), add_special_tokens=False)["input_ids"])
+        return self._renderer.render(messages, tools, generated)
 
     def _result(self, prompt_ids: list[int], out: EngineOutput, parse_tools: bool) -> GenerationResult:
         parsed = parse_tool_calls(out.text) if parse_tools else None

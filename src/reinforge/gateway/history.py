@@ -7,6 +7,9 @@ never wrote: credit/ can no longer merge the conversation along its tokens, and 
 prompts off its own distribution. So the gateway remembers, per attempt, every assistant turn it
 answered (its text and tool calls exactly as generated), finds them again in later requests (by
 tool-call id, else by text), and puts the generated spelling back before the prompt is rendered.
+It also hands the backend each restored turn's generated token ids: a chat template may spell a
+tool call its own way however the message is spelt, and a backend that renders prompts itself uses
+the ids to keep the prompt on the model's own tokens (`GenerationRequest.generated_turns`).
 
 A turn is restored only when what came back means the same (the same tool names and JSON-equal
 arguments, or the same text up to surrounding whitespace); anything else renders as sent and is
@@ -31,6 +34,8 @@ class Turn:
 
     text: str
     tool_calls: tuple[ToolCall, ...]
+    token_ids: tuple[int, ...] = ()
+    """The completion's token ids, exactly as generated."""
 
     def message(self, sent: dict[str, Any]) -> dict[str, Any]:
         """The turn as a chat message in its generated spelling (other keys of `sent` kept)."""
@@ -55,6 +60,8 @@ class Restored:
     """Of those, turns whose spelling differed from what was generated (and were put back)."""
     unmatched: int = 0
     """Assistant turns the gateway did not produce (or that were changed): rendered as sent."""
+    token_ids: dict[int, list[int]] = field(default_factory=dict)
+    """Index in `messages` -> the generated token ids of each restored turn."""
 
 
 def _json_equal(a: str, b: Any) -> bool:
@@ -94,7 +101,7 @@ class TurnMemory:
     def remember(self, result: GenerationResult) -> None:
         if self.turns >= MAX_TURNS_PER_ATTEMPT:
             return
-        turn = Turn(result.text, tuple(result.tool_calls))
+        turn = Turn(result.text, tuple(result.tool_calls), tuple(result.completion_token_ids))
         self.turns += 1
         if turn.tool_calls:
             for call in turn.tool_calls:
@@ -127,6 +134,7 @@ class TurnMemory:
             assistant = sum(1 for m in messages if m.get("role") == "assistant")
             return Restored(messages, unmatched=assistant)
         out: list[dict[str, Any]] = []
+        token_ids: dict[int, list[int]] = {}
         matched = respelled = unmatched = 0
         for message in messages:
             if message.get("role") != "assistant":
@@ -141,5 +149,7 @@ class TurnMemory:
             restored = turn.message(message)
             if _spelling(message) != _spelling(restored):
                 respelled += 1
+            if turn.token_ids:
+                token_ids[len(out)] = list(turn.token_ids)
             out.append(restored)
-        return Restored(out, matched, respelled, unmatched)
+        return Restored(out, matched, respelled, unmatched, token_ids)

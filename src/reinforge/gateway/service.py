@@ -424,6 +424,8 @@ class Gateway:
             return request, None
         restored = caller.state.turns.restore(request.messages)
         update: dict[str, Any] = {"messages": restored.messages}
+        if restored.token_ids:
+            update["generated_turns"] = restored.token_ids
         if request.tools:
             update["tools"] = canonical_tools(request.tools)
         return request.model_copy(update=update), restored

@@ -95,6 +95,11 @@ class GenerationRequest(BaseModel):
     adapter: str | None = None
     """Which LoRA adapter serves this call; None: the base. The gateway sets the caller's agent name;
     a backend without an adapter of that name serves the base model (a frozen role has none)."""
+    generated_turns: dict[int, list[int]] = Field(default_factory=dict)
+    """Assistant messages (by index in `messages`) that this policy generated, with the exact token
+    ids it generated for each. A backend that renders prompts itself puts these ids where the chat
+    template would spell the turn its own way (a tool call the model wrote with other spacing), so
+    the prompt extends the tokens the model produced; others may ignore it."""
 
 
 FinishReason = Literal["stop", "length", "tool_calls"]

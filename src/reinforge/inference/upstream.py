@@ -33,6 +33,7 @@ import httpx
 
 from reinforge import json_codec
 from reinforge.errors import InvalidRequestError, UpstreamError
+from reinforge.inference.chat_render import ChatRenderer
 from reinforge.inference.contract import (
     FinishReason,
     GenerationRequest,
@@ -128,6 +129,8 @@ class UpstreamBackend:
         self.model_name = model
         self.flavor: Flavor = flavor
         self.tokenizer = tokenizer
+        self._renderer: ChatRenderer | None = None
+        """Renders chat for SGLang's native API (token ids in, the policy's own turns kept as ids)."""
         self.policy_version = policy_version
         self.adapter: str | None = None
         """The LoRA adapter (its name on the server) that serves every call; None: the base model."""
@@ -304,10 +307,11 @@ class UpstreamBackend:
                     "chat through SGLang needs UpstreamBackend(tokenizer=...) with the model's chat template:"
                     " SGLang's OpenAI routes do not return token ids"
                 )
-            text = self.tokenizer.apply_chat_template(
-                request.messages, tools=request.tools, add_generation_prompt=True, tokenize=False
+            if self._renderer is None:
+                self._renderer = ChatRenderer(self.tokenizer)
+            payload["input_ids"] = self._renderer.render(
+                request.messages, request.tools, request.generated_turns
             )
-            payload["input_ids"] = list(self.tokenizer.encode(str(text), add_special_tokens=False))
         elif isinstance(request.prompt, list):
             payload["input_ids"] = request.prompt
         else:
