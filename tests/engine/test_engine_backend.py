@@ -9,6 +9,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from inference.test_chat_render import conversation
 from reinforge.engine import Engine
 from reinforge.engine.engine_backend import EngineBackend
 from reinforge.errors import InvalidRequestError
@@ -231,20 +232,7 @@ async def test_a_generated_turn_goes_into_the_prompt_as_its_ids(backend: EngineB
     tok = backend.tokenizer
     first = await backend.generate(chat("add 2 and 3"))
     spaced = CALL.replace('{"name":"calc","arguments":', '{"name": "calc", "arguments": ')
-    (call,) = parse_tool_calls(spaced).tool_calls
-    turn = {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
-        ],
-    }
-    history = [
-        {"role": "user", "content": "add 2 and 3"},
-        turn,
-        {"role": "tool", "tool_call_id": call.id, "content": "5"},
-    ]
-    generated = tok(spaced, add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    history, generated = conversation(tok, spaced, "5", user={"role": "user", "content": "add 2 and 3"})
     request = GenerationRequest(
         messages=history, tools=TOOLS, sampling=SamplingParams(temperature=0, max_tokens=4)
     )

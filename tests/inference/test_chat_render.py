@@ -28,7 +28,7 @@ def tokenizer() -> Any:
 
 
 def conversation(
-    tokenizer: Any, completion: str, result: str = "128"
+    tokenizer: Any, completion: str, result: str = "128", user: dict[str, Any] = USER
 ) -> tuple[list[dict[str, Any]], list[int]]:
     """[user, the completion as an agent sends it back, the tool's result], and the completion's ids
     as generated (ending on the end-of-sequence token the model stops on)."""
@@ -42,7 +42,7 @@ def conversation(
     }
     tool = {"role": "tool", "tool_call_id": call.id, "content": result}
     ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-    return [USER, turn, tool], ids
+    return [user, turn, tool], ids
 
 
 def test_a_turn_the_template_respells_keeps_its_generated_ids(tokenizer: Any) -> None:
