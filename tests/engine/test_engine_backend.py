@@ -191,17 +191,17 @@ async def test_cpu_backend_completions_and_bad_requests(backend: EngineBackend) 
 def _count_renders(backend: EngineBackend) -> list[int]:
     """A list that grows by one each time the backend renders a prompt (not from its cache)."""
     calls: list[int] = []
-    render = backend._render_uncached
+    render = backend._renderer.render
 
     def counted(
         messages: list[dict[str, object]],
-        tools: list[dict[str, object]] | None,
-        generated: dict[int, list[int]],
+        tools: list[dict[str, object]] | None = None,
+        generated: dict[int, list[int]] | None = None,
     ) -> list[int]:
         calls.append(1)
         return render(messages, tools, generated)
 
-    backend._render_uncached = counted  # type: ignore[method-assign]
+    backend._renderer.render = counted  # type: ignore[method-assign]
     return calls
 
 

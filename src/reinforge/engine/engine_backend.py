@@ -109,20 +109,12 @@ class EngineBackend:
         if key is not None and (hit := self._rendered.get(key)) is not None:
             self._rendered.move_to_end(key)
             return list(hit)
-        ids = self._render_uncached(messages, tools, generated or {})
+        ids = self._renderer.render(messages, tools, generated)
         if key is not None:
             self._rendered[key] = tuple(ids)
             if len(self._rendered) > RENDER_CACHE_SIZE:
                 self._rendered.popitem(last=False)
         return ids
-
-    def _render_uncached(
-        self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None,
-        generated: dict[int, list[int]],
-    ) -> list[int]:
-        return self._renderer.render(messages, tools, generated)
 
     def _result(self, prompt_ids: list[int], out: EngineOutput, parse_tools: bool) -> GenerationResult:
         parsed = parse_tool_calls(out.text) if parse_tools else None

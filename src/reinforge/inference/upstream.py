@@ -129,7 +129,7 @@ class UpstreamBackend:
         self.model_name = model
         self.flavor: Flavor = flavor
         self.tokenizer = tokenizer
-        self._renderer: ChatRenderer | None = None
+        self._renderer = ChatRenderer(tokenizer) if hasattr(tokenizer, "apply_chat_template") else None
         """Renders chat for SGLang's native API (token ids in, the policy's own turns kept as ids)."""
         self.policy_version = policy_version
         self.adapter: str | None = None
@@ -302,13 +302,11 @@ class UpstreamBackend:
         if self.adapter is not None:
             payload["lora_path"] = self.adapter  # SGLang names a loaded adapter in `lora_path`
         if request.messages is not None:
-            if self.tokenizer is None or not hasattr(self.tokenizer, "apply_chat_template"):
+            if self._renderer is None:
                 raise UpstreamError(
                     "chat through SGLang needs UpstreamBackend(tokenizer=...) with the model's chat template:"
                     " SGLang's OpenAI routes do not return token ids"
                 )
-            if self._renderer is None:
-                self._renderer = ChatRenderer(self.tokenizer)
             payload["input_ids"] = self._renderer.render(
                 request.messages, request.tools, request.generated_turns
             )
