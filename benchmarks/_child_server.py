@@ -9,12 +9,17 @@ from typing import Any
 
 import uvicorn
 
+from reinforge._heap import freeze_startup_heap
 from reinforge.net.route_protocol import RouteTableProtocol
 
 
 async def serve_until_stdin_closes(app: Any, port: int) -> None:
     """Serve `app` on 127.0.0.1:`port` with `RouteTableProtocol` (as `BackgroundServer`, so the
-    trainer, serves it) until the parent process closes this process's stdin: the stop signal."""
+    trainer, serves it) until the parent process closes this process's stdin: the stop signal.
+
+    What exists before serving is frozen out of the garbage collector's full collections, as the
+    trainer and `reinforge store serve` do with theirs.
+    """
     config = uvicorn.Config(
         app, host="127.0.0.1", port=port, log_level="warning", access_log=False, http=RouteTableProtocol
     )
@@ -26,4 +31,5 @@ async def serve_until_stdin_closes(app: Any, port: int) -> None:
         loop.call_soon_threadsafe(setattr, server, "should_exit", True)
 
     threading.Thread(target=stop_when_stdin_closes, daemon=True).start()
+    freeze_startup_heap()
     await server.serve()

@@ -40,7 +40,7 @@ async def test_the_domain_object_takes_values_not_requests(tokenizer: Any) -> No
     await gateway.wait_for_policy(caller)
     result = await gateway.generate(GenerationRequest(messages=[{"role": "user", "content": "2+3?"}]))
     assert result.text == "It is 5."
-    span = await gateway.record_call(
+    span_id = await gateway.record_call(
         caller,
         endpoint="chat.completions",
         request_body={"messages": []},
@@ -51,7 +51,7 @@ async def test_the_domain_object_takes_values_not_requests(tokenizer: Any) -> No
     )
     await gateway.flush(attempt_id)
     [stored] = (await store.query_spans(SpanQuery(attempt_id=attempt_id))).items
-    assert stored.span_id == span.span_id and stored.parent_id == "cd" * 8 and stored.trace_id == "ab" * 16
+    assert stored.span_id == span_id and stored.parent_id == "cd" * 8 and stored.trace_id == "ab" * 16
     assert stored.attributes[semconv.ATTR_AGENT_NAME] == "planner"
     assert stored.attributes[semconv.ATTR_COMPLETION_TOKEN_IDS] == result.completion_token_ids
     assert gateway.calls == 1

@@ -1,16 +1,25 @@
-"""`DirectSender`: the clients' fixed routes sent on the transport itself, with httpx's answers."""
+"""`DirectSender`: the clients' fixed routes sent on the transport itself, answered with whole `Reply`s
+and failing with httpx's exceptions."""
 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 
 import httpx
 import pytest
 
+from reinforge.errors import StoreUnavailableError
 from reinforge.net.keepalive_transport import DirectSender, KeepAliveTransport
+from reinforge.store.http.client import HttpStoreClient
 
 from .test_keepalive_transport import RawServer, raw  # noqa: F401  (the fixture)
+
+
+async def _serve(answer: bytes) -> tuple[asyncio.Server, str]:
+    server = await asyncio.start_server(RawServer(answer).handle, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
 
 
 async def test_keepalive_requests_go_out_as_built_and_reuse_one_connection(
@@ -60,5 +69,68 @@ async def test_any_other_transport_gets_an_httpx_request() -> None:
 
     sender = DirectSender(httpx.MockTransport(answer), {"Content-Type": "application/json"}, httpx.Timeout(5))
     response = await sender.send("PUT", httpx.URL("https://store.example/v1/x"), b'{"a":1}')
-    assert (response.status_code, response.json()) == (201, {"echo": {"a": 1}})
+    assert (response.status_code, json.loads(response.content)) == (201, {"echo": {"a": 1}})
+    assert response.header("Content-Type") == "application/json" and str(response.url).startswith("https:")
     assert seen[0].method == "PUT" and seen[0].headers["content-type"] == "application/json"
+
+
+async def test_a_reply_whose_body_comes_after_its_head_is_read_whole() -> None:
+    async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        await reader.readexactly(2)
+        writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+        await writer.drain()
+        for piece in (b'{"a":', b" 1}"):
+            await asyncio.sleep(0.05)
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+            await writer.drain()
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+    server = await asyncio.start_server(slow, "127.0.0.1", 0)
+    sender = DirectSender(KeepAliveTransport(), {}, httpx.Timeout(5))
+    try:
+        url = httpx.URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/x")
+        reply = await sender.send("POST", url, b"{}")
+        assert (reply.status_code, reply.content, reply.header("transfer-encoding")) == (
+            200,
+            b'{"a": 1}',
+            "chunked",
+        )
+    finally:
+        server.close()
+        await sender.transport.aclose()
+
+
+async def test_a_compressed_reply_is_decoded() -> None:
+    packed = gzip.compress(b'{"ok": true}')
+    answer = b"HTTP/1.1 200 OK\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(packed),
+        packed,
+    )
+    server, url = await _serve(answer)
+    sender = DirectSender(KeepAliveTransport(), {}, httpx.Timeout(5))
+    try:
+        reply = await sender.send("POST", httpx.URL(url + "/x"), b"{}")
+        assert json.loads(reply.content) == {"ok": True} and reply.text == '{"ok": true}'
+    finally:
+        server.close()
+        await sender.transport.aclose()
+
+
+async def test_the_store_client_names_the_url_of_an_error_page_that_is_not_json() -> None:
+    page = b"<html>bad gateway</html>"
+    answer = b"HTTP/1.1 502 Bad Gateway\r\nContent-Type: text/html\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(page),
+        page,
+    )
+    server, url = await _serve(answer)
+    client = HttpStoreClient(url, token="t", connect_retries=0)
+    try:
+        with pytest.raises(
+            StoreUnavailableError, match=r"HTTP 502 from http://127\.0\.0\.1:\d+/.*bad gateway"
+        ):
+            await client.lease_rollouts("runner-1")
+    finally:
+        server.close()
+        await client.close()

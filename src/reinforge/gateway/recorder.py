@@ -9,6 +9,10 @@ logged and skipped. A batch lingers up to `linger_s` for company (each store wri
 has a fixed cost: a transaction, a commit, a round-trip), unless someone is waiting on a flush.
 `flush(attempt_id)` waits until every span recorded so far for that attempt is in the store, which is
 what a runner needs before it reports the attempt finished.
+
+A caller may enqueue a `PendingSpan` instead of a span: its fields fixed, its building (and
+validation) left to the writer, so that an LLM call's answer is not held back by the building of
+its span. It counts toward `flush` from the moment it is enqueued, as a span does.
 """
 
 from __future__ import annotations
@@ -17,12 +21,22 @@ import asyncio
 import contextlib
 import logging
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from reinforge.errors import InvalidRequestError, PayloadTooLargeError
 from reinforge.store.protocol import Store
 from reinforge.types import Span
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSpan:
+    """A span the writer builds: the attempt it belongs to, and how to build it."""
+
+    attempt_id: str
+    build: Callable[[], Span]
 
 
 class SpanRecorder:
@@ -45,7 +59,7 @@ class SpanRecorder:
         self._linger_s = linger_s
         self._max_retry_delay_s = max_retry_delay_s
         self._hurry: asyncio.Event | None = None
-        self._queue: asyncio.Queue[Span] | None = None
+        self._queue: asyncio.Queue[Span | PendingSpan] | None = None
         self._task: asyncio.Task[None] | None = None
         self._pending: dict[str, int] = defaultdict(int)
         """Spans enqueued but not yet stored, per attempt."""
@@ -53,7 +67,8 @@ class SpanRecorder:
         self.written = 0
         self.write_errors = 0
         self.rejected = 0
-        """Spans the store refused as invalid or too large (logged; nothing else is ever dropped)."""
+        """Spans the store refused as invalid or too large, or that failed to build (logged; nothing
+        else is ever dropped)."""
 
     def start(self) -> None:
         if self._task is None:
@@ -65,8 +80,8 @@ class SpanRecorder:
     def queued(self) -> int:
         return self._queue.qsize() if self._queue is not None else 0
 
-    async def record(self, span: Span) -> None:
-        """Enqueue one span; waits while the queue is full."""
+    async def record(self, span: Span | PendingSpan) -> None:
+        """Enqueue one span (or one to be built); waits while the queue is full."""
         if self._queue is None:
             self.start()
         assert self._queue is not None
@@ -117,7 +132,7 @@ class SpanRecorder:
         assert self._queue is not None and self._hurry is not None
         queue, hurry = self._queue, self._hurry
         while True:
-            batch = [await queue.get()]
+            batch: list[Span | PendingSpan] = [await queue.get()]
             if self._linger_s > 0 and not self._waiters and queue.qsize() < self._max_batch:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(self._linger_s):
@@ -125,12 +140,24 @@ class SpanRecorder:
             hurry.clear()
             while len(batch) < self._max_batch and not queue.empty():
                 batch.append(queue.get_nowait())
-            await self._write(batch)
+            built = [item if isinstance(item, Span) else self._build(item) for item in batch]
+            spans = [span for span in built if span is not None]
+            if spans:
+                await self._write(spans)
             counts: dict[str, int] = defaultdict(int)
-            for span in batch:
-                counts[span.attempt_id] += 1
+            for item in batch:
+                counts[item.attempt_id] += 1
             for attempt_id, count in counts.items():
                 self._done(attempt_id, count)
+
+    def _build(self, pending: PendingSpan) -> Span | None:
+        try:
+            return pending.build()
+        except Exception:
+            # A bug in the code that fixed the span's fields; the rest of the batch is still stored.
+            self.rejected += 1
+            log.exception("building a span of attempt %s failed; it is not stored", pending.attempt_id)
+            return None
 
     async def _write(self, batch: list[Span]) -> None:
         delay = 0.05

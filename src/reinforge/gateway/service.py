@@ -23,7 +23,7 @@ from reinforge.errors import UpstreamError
 from reinforge.gateway.attempts import AttemptGuard, AttemptState
 from reinforge.gateway.errors import GatewayHTTPError
 from reinforge.gateway.history import Restored
-from reinforge.gateway.recorder import SpanRecorder
+from reinforge.gateway.recorder import PendingSpan, SpanRecorder
 from reinforge.gateway.tool_schemas import canonical_tools
 from reinforge.inference.contract import (
     Backend,
@@ -449,37 +449,65 @@ class Gateway:
         started: float,
         latency_ms: float,
         history: Restored | None = None,
-    ) -> Span:
-        """Record one LLM call as a span: the exact token ids and logprobs, and both bodies; remember
-        the answer so that the history sent back later renders as it was generated."""
+    ) -> str:
+        """Record one LLM call as a span (the exact token ids and logprobs, and both bodies) and
+        remember the answer, so that the history sent back later renders as it was generated.
+
+        Returns the span's id. Its fields are fixed here (ids, times, its place in the attempt); the
+        recorder's writer builds and validates it after the answer has gone out (`PendingSpan`).
+        """
         state = caller.state
         state.turns.remember(result)
-        attributes: dict[str, Any] = {
-            semconv.ATTR_STEP_KIND: semconv.STEP_LLM,
-            semconv.ATTR_LLM_ENDPOINT: endpoint,
-            semconv.ATTR_LLM_REQUEST: request_body,
-            semconv.ATTR_LLM_RESPONSE: response_body,
-            semconv.ATTR_PROMPT_TOKEN_IDS: result.prompt_token_ids,
-            semconv.ATTR_COMPLETION_TOKEN_IDS: result.completion_token_ids,
-            semconv.ATTR_COMPLETION_LOGPROBS: result.logprobs,
-            semconv.ATTR_POLICY_VERSION: result.policy_version,
-            semconv.ATTR_FINISH_REASON: result.finish_reason,
-            semconv.ATTR_MODEL: self.backend.model_name,
-            semconv.ATTR_LATENCY_MS: latency_ms,
-            semconv.ATTR_MALFORMED_TOOL_CALL: result.malformed_tool_call,
-            semconv.ATTR_SEQUENCE_IN_ATTEMPT: state.take_sequence(),
-        }
-        if caller.agent is not None:
-            attributes[semconv.ATTR_AGENT_NAME] = caller.agent
-        if history is not None:
-            attributes[semconv.ATTR_HISTORY_MATCHED] = history.matched
-            attributes[semconv.ATTR_HISTORY_RESPELLED] = history.respelled
-            attributes[semconv.ATTR_HISTORY_UNMATCHED] = history.unmatched
-        if result.malformed_tool_call:
-            attributes[semconv.ATTR_AIR_SIGNAL] = semconv.AIR_MALFORMED_TOOL_CALL
-        span = await self._record(caller, semconv.SPAN_LLM_CALL, SpanKind.client, attributes, started)
+        sequence = state.take_sequence()
+        span_id = new_span_id()  # adjacent ids: the store's span index appends
+        trace_id, parent_id = caller.trace if caller.trace is not None else (state.trace_id, None)
+        ended = time.time()
+        model = self.backend.model_name
+        agent = caller.agent
+
+        def build() -> Span:
+            attributes: dict[str, Any] = {
+                semconv.ATTR_STEP_KIND: semconv.STEP_LLM,
+                semconv.ATTR_LLM_ENDPOINT: endpoint,
+                semconv.ATTR_LLM_REQUEST: request_body,
+                semconv.ATTR_LLM_RESPONSE: response_body,
+                semconv.ATTR_PROMPT_TOKEN_IDS: result.prompt_token_ids,
+                semconv.ATTR_COMPLETION_TOKEN_IDS: result.completion_token_ids,
+                semconv.ATTR_COMPLETION_LOGPROBS: result.logprobs,
+                semconv.ATTR_POLICY_VERSION: result.policy_version,
+                semconv.ATTR_FINISH_REASON: result.finish_reason,
+                semconv.ATTR_MODEL: model,
+                semconv.ATTR_LATENCY_MS: latency_ms,
+                semconv.ATTR_MALFORMED_TOOL_CALL: result.malformed_tool_call,
+                semconv.ATTR_SEQUENCE_IN_ATTEMPT: sequence,
+            }
+            if agent is not None:
+                attributes[semconv.ATTR_AGENT_NAME] = agent
+            if history is not None:
+                attributes[semconv.ATTR_HISTORY_MATCHED] = history.matched
+                attributes[semconv.ATTR_HISTORY_RESPELLED] = history.respelled
+                attributes[semconv.ATTR_HISTORY_UNMATCHED] = history.unmatched
+            if result.malformed_tool_call:
+                attributes[semconv.ATTR_AIR_SIGNAL] = semconv.AIR_MALFORMED_TOOL_CALL
+            return Span(
+                span_id=span_id,
+                trace_id=trace_id,
+                parent_id=parent_id,
+                rollout_id=state.rollout_id,
+                attempt_id=state.attempt_id,
+                name=semconv.SPAN_LLM_CALL,
+                kind=SpanKind.client,
+                start_time=started,
+                end_time=ended,
+                attributes=attributes,
+                status=SpanStatus(),
+                events=[],
+                sequence=None,
+            )
+
+        await self.recorder.record(PendingSpan(state.attempt_id, build))
         self.calls += 1
-        return span
+        return span_id
 
     async def record_cancelled(
         self, caller: Caller, *, endpoint: str, request_body: dict[str, Any], streamed: str, started: float

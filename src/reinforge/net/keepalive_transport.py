@@ -24,7 +24,7 @@ import threading
 from collections.abc import AsyncIterator, Iterable
 from functools import cache
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -140,6 +140,17 @@ class _LoopPool:
             self.alarm = None
 
 
+class _Answer(NamedTuple):
+    """A reply's head, and its body as it arrives on its connection."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    body: ResponseBody
+    conn: Connection
+    timeout: float | None
+    """The read timeout each wait for more of the body gets."""
+
+
 class KeepAliveTransport(httpx.AsyncBaseTransport):
     """An httpx (or httpx2) async transport: plain-HTTP requests on pooled keep-alive connections
     written and parsed directly; anything else through httpx's default transport.
@@ -188,13 +199,22 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
                 pool.fallback = mod.AsyncHTTPTransport(limits=limits)
             return await pool.fallback.handle_async_request(request)
         wire = _wire(request, await _body(request, mod))
-        return await self.send_wire(mod, pool, url.host, url.port or 80, wire, request)
+        answer = await self.send_wire(mod, pool, url.host, url.port or 80, wire, request)
+        if answer.body.done and answer.body.error is None:
+            # The whole reply came with its head (the usual case): no streaming machinery.
+            stream = mod.ByteStream(answer.body.take())
+        else:
+            stream = _stream_class(mod)(answer.body, answer.conn, pool, answer.timeout, request)
+        return mod.Response(
+            answer.status, headers=answer.headers, stream=stream, extensions={"http_version": b"HTTP/1.1"}
+        )
 
     async def send_wire(
         self, mod: ModuleType, pool: _LoopPool, host: str, port: int, wire: bytes, request: Any
-    ) -> Any:
+    ) -> _Answer:
         """Send a request already on the wire's bytes to `host:port` over the pool and return the
-        response (`handle_async_request`'s exchange; `DirectSender` calls it with bytes it built)."""
+        reply's head with its body as it arrives (`handle_async_request`'s exchange; `DirectSender`
+        calls it with bytes it built)."""
         origin = pool.origins.get((host, port))
         if origin is None:
             origin = pool.origins[host, port] = _Origin(host, port, self._max_idle, self._max_connections)
@@ -261,7 +281,7 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         wire: bytes,
         request: Any,
         timeout: float | None,
-    ) -> Any:
+    ) -> _Answer:
         head: asyncio.Future[Head] = pool.loop.create_future()
         try:
             conn.send(wire, head)
@@ -272,12 +292,7 @@ class KeepAliveTransport(httpx.AsyncBaseTransport):
         except BaseException:
             conn.close()
             raise
-        if body.done and body.error is None:
-            # The whole reply came with its head (the usual case): no streaming machinery.
-            stream = mod.ByteStream(body.take())
-        else:
-            stream = _stream_class(mod)(body, conn, pool, timeout, request)
-        return mod.Response(status, headers=headers, stream=stream, extensions={"http_version": b"HTTP/1.1"})
+        return _Answer(status, headers, body, conn, timeout)
 
     async def aclose(self) -> None:
         """Close every loop's idle connections and fallback transport: this loop's now, a running
@@ -379,6 +394,39 @@ class _WireRequest:
         self.method, self.url, self.extensions = method, url, extensions
 
 
+class Reply:
+    """A whole reply to a `DirectSender` request: what its callers read of it.
+
+    Why not an `httpx.Response`: building one and reading a body that is already whole through its
+    decoder chain cost the gateway as much per call as parsing the agent's request (docs/gateway.md).
+    """
+
+    __slots__ = ("content", "headers", "status_code", "url")
+
+    def __init__(self, status_code: int, headers: list[tuple[bytes, bytes]], content: bytes, url: httpx.URL):
+        self.status_code = status_code
+        self.headers = headers
+        """As they came, names in the server's case."""
+        self.content = content
+        """The body, decoded when the server compressed it."""
+        self.url = url
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", errors="replace")
+
+    def header(self, name: str) -> str | None:
+        """The first value of header `name` (any case), or None."""
+        wanted = name.lower().encode("latin-1")
+        for key, value in self.headers:
+            if key.lower() == wanted:
+                return value.decode("latin-1")
+        return None
+
+    def __repr__(self) -> str:
+        return f"<Reply [{self.status_code}] {self.url}>"
+
+
 class DirectSender:
     """Requests on a transport itself, for a client's fixed JSON routes (the hot ones).
 
@@ -386,8 +434,9 @@ class DirectSender:
     event hooks, redirect handling, URL merging, header models) than the exchange costs on a
     keep-alive connection (docs/gateway.md has the figures), and reinforge's clients need none of it
     on their own routes. On a `KeepAliveTransport` and plain HTTP the request goes out as bytes built
-    here; on any other transport (HTTPS, `httpx.MockTransport` in tests) as an `httpx.Request`. Either
-    way the answer is an `httpx.Response` read to its end and failures are httpx's exceptions.
+    here (the fixed headers encoded once); on any other transport (HTTPS, `httpx.MockTransport` in
+    tests) as an `httpx.Request`. Either way the answer is a `Reply` read to its end and failures are
+    httpx's exceptions.
     """
 
     def __init__(
@@ -395,6 +444,7 @@ class DirectSender:
     ) -> None:
         self.transport = transport
         self._headers = dict(headers)
+        self._header_lines = _header_lines(self._headers)
         self._extensions = {"timeout": timeout.as_dict()}
 
     async def send(
@@ -405,27 +455,63 @@ class DirectSender:
         *,
         headers: dict[str, str] | None = None,
         timeout: httpx.Timeout | None = None,
-    ) -> httpx.Response:
-        merged = self._headers if headers is None else {**self._headers, **headers}
+    ) -> Reply:
+        """Send one request and read its whole reply; `headers` add to (or replace) the fixed ones."""
         extensions = self._extensions if timeout is None else {"timeout": timeout.as_dict()}
         transport = self.transport
-        if isinstance(transport, KeepAliveTransport) and url.scheme == "http":
-            content = body or b""
-            port = url.port or 80
-            headers_out = [
-                (b"host", b"%s:%d" % (url.host.encode(), port)),
-                *((k.encode(), v.encode()) for k, v in merged.items()),
-                (b"content-length", b"%d" % len(content)),
-            ]
-            wire = _wire_bytes(method.encode(), url.raw_path, headers_out, content)
-            pool = transport._pool(asyncio.get_running_loop())
-            stand_in = _WireRequest(method, url, extensions)
-            response = await transport.send_wire(httpx, pool, url.host, port, wire, stand_in)
+        if not isinstance(transport, KeepAliveTransport) or url.scheme != "http":
+            merged = self._headers if headers is None else {**self._headers, **headers}
+            return await _send_as_request(transport, method, url, body, merged, extensions)
+        content = body or b""
+        port = url.port or 80
+        lines = self._header_lines if headers is None else _header_lines({**self._headers, **headers})
+        wire = b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n%scontent-length: %d\r\n\r\n%s" % (
+            method.encode(),
+            url.raw_path,
+            url.host.encode(),
+            port,
+            lines,
+            len(content),
+            content,
+        )
+        pool = transport._pool(asyncio.get_running_loop())
+        stand_in = _WireRequest(method, url, extensions)
+        answer = await transport.send_wire(httpx, pool, url.host, port, wire, stand_in)
+        body_in = answer.body
+        if body_in.done and body_in.error is None:
+            data = body_in.take()  # the whole reply came with its head: the usual case
         else:
-            request = httpx.Request(method, url, headers=merged, content=body, extensions=extensions)
-            response = await transport.handle_async_request(request)
-        try:
-            await response.aread()
-        finally:
-            await response.aclose()
-        return response
+            rest = _stream_class(httpx)(body_in, answer.conn, pool, answer.timeout, stand_in)
+            data = b"".join([chunk async for chunk in rest])
+        if _encoded(answer.headers):
+            data = httpx.Response(answer.status, headers=answer.headers, content=data).content
+        return Reply(answer.status, answer.headers, data, url)
+
+
+def _header_lines(headers: dict[str, str]) -> bytes:
+    return b"".join(b"%s: %s\r\n" % (name.encode(), value.encode()) for name, value in headers.items())
+
+
+def _encoded(headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the body came compressed (`Content-Encoding` other than identity)."""
+    for name, value in headers:
+        if name.lower() == b"content-encoding":
+            return value.strip().lower() not in (b"", b"identity")
+    return False
+
+
+async def _send_as_request(
+    transport: httpx.AsyncBaseTransport,
+    method: str,
+    url: httpx.URL,
+    body: bytes | None,
+    headers: dict[str, str],
+    extensions: dict[str, Any],
+) -> Reply:
+    request = httpx.Request(method, url, headers=headers, content=body, extensions=extensions)
+    response = await transport.handle_async_request(request)
+    try:
+        await response.aread()
+    finally:
+        await response.aclose()
+    return Reply(response.status_code, list(response.headers.raw), response.content, url)

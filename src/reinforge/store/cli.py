@@ -26,6 +26,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from reinforge._event_loop import run_on_fast_loop
+from reinforge._heap import freeze_startup_heap
 from reinforge.errors import ReinforgeError
 from reinforge.net.route_protocol import RouteTableProtocol
 from reinforge.store.gateway_mount import (
@@ -212,6 +213,9 @@ def serve(
 
             server = _Server(config, on_shutdown=on_shutdown, on_closed=close)
             servers.append(server)
+            # The store, its app and the gateway's backend live as long as the server: out of the
+            # full collections its requests trigger (a pause of every call in flight).
+            freeze_startup_heap()
             serving = asyncio.create_task(server.serve(sockets=[sock]))
             while not server.started and not serving.done():
                 await asyncio.sleep(0.02)

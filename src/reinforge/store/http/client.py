@@ -22,7 +22,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from reinforge import errors
-from reinforge.net.keepalive_transport import DirectSender, KeepAliveTransport
+from reinforge.net.keepalive_transport import DirectSender, KeepAliveTransport, Reply
 from reinforge.store.http.adapters import (
     ADDED,
     ATTEMPT,
@@ -101,7 +101,7 @@ _ERRORS_BY_STATUS: dict[int, type[errors.ReinforgeError]] = {
 }
 
 
-def error_from_response(response: httpx.Response) -> errors.ReinforgeError:
+def error_from_response(response: Reply) -> errors.ReinforgeError:
     """The typed exception for an error response of the store server (or whatever answered): its
     `{"error": {"type", "message"}}` envelope names the class; a body without one (a proxy's page)
     is classed by its status."""
@@ -117,7 +117,7 @@ def error_from_response(response: httpx.Response) -> errors.ReinforgeError:
         pass
     if not message:
         text = content[:500].decode("utf-8", errors="replace")
-        message = f"HTTP {status_code} from {response.request.url}: {text}"
+        message = f"HTTP {status_code} from {response.url}: {text}"
     cls = _ERRORS_BY_NAME.get(type_name) or _ERRORS_BY_STATUS.get(status_code, errors.ReinforgeError)
     return cls(message)
 
@@ -226,7 +226,7 @@ class HttpStoreClient:
         *,
         wait_seconds: float = 0.0,
         idempotent: bool = False,
-    ) -> tuple[httpx.Response, bool]:
+    ) -> tuple[Reply, bool]:
         """(the response, whether the request was re-sent after a connection that broke mid-call)."""
         try:
             content = body.__pydantic_serializer__.to_json(body) if body is not None else None
