@@ -152,4 +152,6 @@ class TurnMemory:
             if turn.token_ids:
                 token_ids[len(out)] = list(turn.token_ids)
             out.append(restored)
+        if not matched:
+            return Restored(messages, unmatched=unmatched)  # unchanged: the caller may keep its request
         return Restored(out, matched, respelled, unmatched, token_ids)

@@ -418,17 +418,20 @@ class Gateway:
         """The request as the backend should render it: the attempt's own assistant turns in their
         generated spelling and the tools in one spelling (`gateway.history`, `gateway.tool_schemas`);
         the caller's agent name names the adapter (the backend decides whether it has one)."""
+        update: dict[str, Any] = {}
         if caller.agent is not None:
-            request = request.model_copy(update={"adapter": caller.agent})
-        if request.messages is None:
-            return request, None
-        restored = caller.state.turns.restore(request.messages)
-        update: dict[str, Any] = {"messages": restored.messages}
-        if restored.token_ids:
-            update["generated_turns"] = restored.token_ids
-        if request.tools:
-            update["tools"] = canonical_tools(request.tools)
-        return request.model_copy(update=update), restored
+            update["adapter"] = caller.agent
+        restored = None
+        if request.messages is not None:
+            restored = caller.state.turns.restore(request.messages)
+            if restored.messages is not request.messages:
+                update["messages"] = restored.messages
+            if restored.token_ids:
+                update["generated_turns"] = restored.token_ids
+            if request.tools:
+                update["tools"] = canonical_tools(request.tools)
+        # One copy, and none when nothing changes (the usual first turn of a conversation).
+        return (request.model_copy(update=update) if update else request), restored
 
     def _check_result(self, result: GenerationResult) -> GenerationResult:
         if len(result.logprobs) != len(result.completion_token_ids):
