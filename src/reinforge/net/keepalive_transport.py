@@ -398,7 +398,8 @@ class Reply:
     """A whole reply to a `DirectSender` request: what its callers read of it.
 
     Why not an `httpx.Response`: building one and reading a body that is already whole through its
-    decoder chain cost the gateway as much per call as parsing the agent's request (docs/gateway.md).
+    decoder chain cost the gateway as much per call as parsing the agent's request
+    (docs/benchmarks-spine.md, "Session 19").
     """
 
     __slots__ = ("content", "headers", "status_code", "url")
@@ -432,11 +433,11 @@ class DirectSender:
 
     Why: `httpx.AsyncClient.send` spends more per call on its own machinery (cookie jar, auth flow,
     event hooks, redirect handling, URL merging, header models) than the exchange costs on a
-    keep-alive connection (docs/gateway.md has the figures), and reinforge's clients need none of it
-    on their own routes. On a `KeepAliveTransport` and plain HTTP the request goes out as bytes built
-    here (the fixed headers encoded once); on any other transport (HTTPS, `httpx.MockTransport` in
-    tests) as an `httpx.Request`. Either way the answer is a `Reply` read to its end and failures are
-    httpx's exceptions.
+    keep-alive connection (docs/benchmarks-history.md has the figures), and reinforge's clients
+    need none of it on their own routes. On a `KeepAliveTransport` and plain HTTP the request goes
+    out as bytes built here (the fixed headers encoded once); on any other transport (HTTPS,
+    `httpx.MockTransport` in tests) as an `httpx.Request`. Either way the answer is a `Reply` read
+    to its end, and failures are httpx's exceptions.
     """
 
     def __init__(
