@@ -9,11 +9,16 @@ are all that is measured. Each framework runs twice in this process, back to bac
 - spine: the same agent run by a reinforge `Runner` (in-process, frameworks' telemetry on), leasing
   from the store server (SQLite) with the gateway mounted and fronting the same upstream
   (`UpstreamBackend`), N rollouts at concurrency C.
-The slowdown is 1 - spine/direct rollouts/s. Each framework's merge rate is read back from the
-store with `reinforge.credit` (merged mode): 1.0 when every call's prompt extends the previous call's
-tokens, which needs the history the framework sends back to render as generated.
+The two sides alternate for R rounds (direct first in odd rounds, spine first in even ones), and the
+slowdown is 1 - median(spine)/median(direct) rollouts/s. Why rounds: one run of each side moves by
+several percent between repeats on a quiet machine, and the result takes the worst of five
+frameworks, so a single pair per framework reads the noise's largest swing as the slowdown
+(docs/agents.md has the figures). Each framework's merge rate is read
+back from the store with `reinforge.credit` (merged mode) after every spine run, the lowest kept:
+1.0 when every call's prompt extends the previous call's tokens, which needs the history the
+framework sends back to render as generated.
 
-    .venv/bin/python benchmarks/frameworks_bench.py [--quick] [--rollouts N] [--concurrency C]
+    .venv/bin/python benchmarks/frameworks_bench.py [--quick] [--rollouts N] [--concurrency C] [--rounds R]
 
 Ends with `RESULT framework_overhead_max_pct=<x>` (the worst framework's slowdown; goal <= 10) and
 `RESULT framework_merge_rate_min=<m>` (goal 1.0), after one line per framework.
@@ -24,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -205,7 +211,7 @@ async def run_spine(agent: AgentFn, upstream_url: str, n: int, concurrency: int)
 
 
 async def bench(
-    names: list[str], upstream_url: str, n: int, concurrency: int
+    names: list[str], upstream_url: str, n: int, concurrency: int, rounds: int
 ) -> tuple[list[float], list[float]]:
     overheads: list[float] = []
     rates: list[float] = []
@@ -216,17 +222,32 @@ async def bench(
             continue
         agent = make()
         await run_direct(agent, upstream_url, min(n, 20), concurrency)  # warm-up
-        direct = await run_direct(agent, upstream_url, n, concurrency)
-        spine, rate = await run_spine(agent, upstream_url, n, concurrency)
-        slowdown = 100.0 * (1.0 - spine / direct)
+        direct: list[float] = []
+        spine: list[float] = []
+        rate = 1.0
+        for round_ in range(rounds):
+            for side in ("direct", "spine") if round_ % 2 == 0 else ("spine", "direct"):
+                if side == "direct":
+                    direct.append(await run_direct(agent, upstream_url, n, concurrency))
+                else:
+                    per_s, merged = await run_spine(agent, upstream_url, n, concurrency)
+                    spine.append(per_s)
+                    rate = min(rate, merged)
+        slowdown = 100.0 * (1.0 - statistics.median(spine) / statistics.median(direct))
         overheads.append(slowdown)
         rates.append(rate)
         print(
-            f"{name}: direct {direct:.1f} rollouts/s, through reinforge {spine:.1f} rollouts/s "
-            f"(slowdown {slowdown:.1f}%), merge rate {rate:.3f}",
+            f"{name}: direct {statistics.median(direct):.1f} rollouts/s, through reinforge "
+            f"{statistics.median(spine):.1f} rollouts/s, medians of {rounds} round{'s' * (rounds > 1)} "
+            f"(slowdown {slowdown:.1f}%; the rounds: direct {_rates(direct)}, spine {_rates(spine)}), "
+            f"merge rate {rate:.3f}",
             flush=True,
         )
     return overheads, rates
+
+
+def _rates(values: list[float]) -> str:
+    return " ".join(f"{v:.1f}" for v in values)
 
 
 def main() -> None:
@@ -236,20 +257,30 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer rollouts (a smoke run)")
     parser.add_argument("--rollouts", type=int, help="rollouts per side (default 400; quick 40)")
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="alternating direct/spine runs per framework (default 3)"
+    )
     parser.add_argument("--only", nargs="*", choices=sorted(FRAMEWORKS), help="these frameworks alone")
     args = parser.parse_args()
     n = args.rollouts or (40 if args.quick else 400)
+    rounds = 1 if args.quick else args.rounds
+    if rounds < 1:
+        parser.error("--rounds must be at least 1")
 
     port = free_port()
     upstream_url = f"http://127.0.0.1:{port}"
     upstream = subprocess.Popen([sys.executable, str(BASELINES / "tool_loop_upstream.py"), str(port)])
     try:
         wait_http(upstream_url + "/health", proc=upstream)
-        print(f"frameworks_bench: {n} rollouts per side at concurrency {args.concurrency}", flush=True)
+        print(
+            f"frameworks_bench: {n} rollouts per side and round, {rounds} rounds, at concurrency "
+            f"{args.concurrency}",
+            flush=True,
+        )
         # One event loop for everything: frameworks cache HTTP clients across agents (LangChain's
         # ChatOpenAI shares one per process), which must not outlive the loop they were made on.
         overheads, rates = asyncio.run(
-            bench(args.only or list(FRAMEWORKS), upstream_url, n, args.concurrency)
+            bench(args.only or list(FRAMEWORKS), upstream_url, n, args.concurrency, rounds)
         )
     finally:
         upstream.terminate()
