@@ -58,6 +58,42 @@ async def test_the_domain_object_takes_values_not_requests(tokenizer: Any) -> No
     await gateway.close()
 
 
+async def test_prepare_copies_the_request_only_when_it_changes(tokenizer: Any) -> None:
+    store = MemoryStore()
+    gateway = Gateway(store, ScriptedBackend(tokenizer, ["It is 5."]), SECRET)
+    attempt_id = (await running_attempt(store)).attempt.attempt_id
+    caller = await gateway.admit(attempt_id, gateway.token_for(attempt_id))
+    request = GenerationRequest(messages=[{"role": "user", "content": "2+3?"}])
+    same, restored = gateway.prepare(caller, request)
+    assert same is request and restored is not None and restored.unmatched == 0
+    result = await gateway.generate(request)
+    await gateway.record_call(
+        caller,
+        endpoint="chat.completions",
+        request_body={},
+        response_body={},
+        result=result,
+        started=1.0,
+        latency_ms=1.0,
+    )
+    # A history the attempt did not write is sent on as it came; one it wrote is restored.
+    foreign = GenerationRequest(messages=[*(request.messages or []), {"role": "assistant", "content": "7"}])
+    kept, restored = gateway.prepare(caller, foreign)
+    assert kept is foreign and restored is not None and restored.unmatched == 1
+    own = GenerationRequest(
+        messages=[*(request.messages or []), {"role": "assistant", "content": " It is 5. "}]
+    )
+    copied, restored = gateway.prepare(caller, own)
+    assert copied is not own and restored is not None and restored.matched == 1
+    assert copied.messages is not None and copied.messages[-1]["content"] == "It is 5."
+    assert copied.generated_turns == {1: result.completion_token_ids}
+    named, _ = gateway.prepare(
+        await gateway.admit(attempt_id, gateway.token_for(attempt_id), agent="solver"), request
+    )
+    assert named is not request and named.adapter == "solver" and request.adapter is None
+    await gateway.close()
+
+
 class _Echo(ApiFormat):
     """A toy format: `{"say": ...}` in, `{"said": ...}` out; streams `{"piece": ...}` events."""
 

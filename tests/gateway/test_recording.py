@@ -14,6 +14,7 @@ import pytest
 from reinforge import semconv
 from reinforge.errors import PayloadTooLargeError, StoreUnavailableError
 from reinforge.gateway import SpanRecorder, create_gateway_app
+from reinforge.gateway.recorder import PendingSpan
 from reinforge.inference import ScriptedBackend
 from reinforge.net.background import BackgroundServer
 from reinforge.store.http.server import create_store_app
@@ -110,6 +111,34 @@ async def test_a_span_the_store_refuses_is_isolated_not_a_stall() -> None:
     stored = (await store.query_spans(SpanQuery(attempt_id="c"))).items
     assert sorted(s.name for s in stored) == [f"s{n}" for n in range(6)]
     assert recorder.rejected == 1
+    await recorder.close()
+
+
+async def test_pending_spans_are_built_by_the_writer_and_a_broken_one_is_isolated(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore()
+    recorder = SpanRecorder(store, linger_s=0.2)
+    recorder.start()
+    built: list[int] = []
+
+    def build(n: int) -> Span:
+        built.append(n)
+        return span("p", n)
+
+    def broken() -> Span:
+        raise ValueError("a field the gateway got wrong")
+
+    await recorder.record(PendingSpan("p", lambda: build(0)))
+    await recorder.record(PendingSpan("p", broken))
+    await recorder.record(span("p", 1))
+    await recorder.record(PendingSpan("p", lambda: build(2)))
+    assert built == [] and recorder.queued == 4  # nothing is built on the recording call's path
+    await asyncio.wait_for(recorder.flush("p"), 5)  # the broken one counts as done: no hang
+    stored = (await store.query_spans(SpanQuery(attempt_id="p"))).items
+    assert sorted(s.name for s in stored) == ["s0", "s1", "s2"] and built == [0, 2]
+    assert recorder.rejected == 1 and recorder.written == 3
+    assert "building a span of attempt p failed" in caplog.text
     await recorder.close()
 
 
