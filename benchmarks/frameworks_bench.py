@@ -95,7 +95,13 @@ def autogen_agent() -> AgentFn:
     from autogen_agentchat.agents import AssistantAgent
     from autogen_ext.models.openai import OpenAIChatCompletionClient
 
-    info = {"vision": False, "function_calling": True, "json_output": False, "family": "unknown"}
+    info = {
+        "vision": False,
+        "function_calling": True,
+        "json_output": False,
+        "family": "unknown",
+        "structured_output": False,
+    }
 
     async def run(task: dict[str, Any], llm: LLM) -> float:
         client = OpenAIChatCompletionClient(

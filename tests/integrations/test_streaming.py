@@ -91,7 +91,13 @@ async def autogen_stream(llm: LLM) -> None:
     from autogen_agentchat.agents import AssistantAgent
     from autogen_ext.models.openai import OpenAIChatCompletionClient
 
-    info = {"vision": False, "function_calling": True, "json_output": False, "family": "unknown"}
+    info = {
+        "vision": False,
+        "function_calling": True,
+        "json_output": False,
+        "family": "unknown",
+        "structured_output": False,
+    }
     client = OpenAIChatCompletionClient(
         model=llm.model,
         base_url=llm.base_url,
