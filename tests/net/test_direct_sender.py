@@ -134,3 +134,34 @@ async def test_the_store_client_names_the_url_of_an_error_page_that_is_not_json(
     finally:
         server.close()
         await client.close()
+
+
+async def test_a_read_cancelled_mid_body_frees_the_connection_for_the_next_request() -> None:
+    calls = 0
+
+    async def first_stalls(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal calls
+        while True:
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(2)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            calls += 1
+            if calls == 1:  # a head and part of the body, then nothing
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n")
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    server = await asyncio.start_server(first_stalls, "127.0.0.1", 0)
+    url = httpx.URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/x")
+    sender = DirectSender(KeepAliveTransport(max_connections=1), {}, httpx.Timeout(5, pool=1))
+    try:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(sender.send("POST", url, b"{}"), 0.3)
+        reply = await sender.send("POST", url, b"{}")  # the one connection slot is free again
+        assert (reply.status_code, reply.content, calls) == (200, b"ok", 2)
+    finally:
+        server.close()
+        await sender.transport.aclose()

@@ -404,7 +404,9 @@ class Reply:
 
     __slots__ = ("content", "headers", "status_code", "url")
 
-    def __init__(self, status_code: int, headers: list[tuple[bytes, bytes]], content: bytes, url: httpx.URL):
+    def __init__(
+        self, status_code: int, headers: list[tuple[bytes, bytes]], content: bytes, url: httpx.URL
+    ) -> None:
         self.status_code = status_code
         self.headers = headers
         """As they came, names in the server's case."""
@@ -483,7 +485,10 @@ class DirectSender:
             data = body_in.take()  # the whole reply came with its head: the usual case
         else:
             rest = _stream_class(httpx)(body_in, answer.conn, pool, answer.timeout, stand_in)
-            data = b"".join([chunk async for chunk in rest])
+            try:
+                data = b"".join([chunk async for chunk in rest])
+            finally:
+                await rest.aclose()  # a read cut short closes the connection instead of keeping it busy
         if _encoded(answer.headers):
             data = httpx.Response(answer.status, headers=answer.headers, content=data).content
         return Reply(answer.status, answer.headers, data, url)
