@@ -4,7 +4,7 @@ For each installed framework (LangGraph, the OpenAI Agents SDK with its chat and
 AutoGen, the Anthropic SDK), one agent written the framework's way with one no-op tool: the model
 calls the tool, sees its result, answers. The model is `baselines/tool_loop_upstream.py`, a scripted
 server with exact token ids that answers in microseconds, so the frameworks' own code and reinforge's
-are all that is measured. Each framework runs twice in this process, back to back:
+are all that is measured. Each framework's agent runs two ways in this process:
 - direct: the agent's client pointed at the upstream, N runs at concurrency C;
 - spine: the same agent run by a reinforge `Runner` (in-process, frameworks' telemetry on), leasing
   from the store server (SQLite) with the gateway mounted and fronting the same upstream
@@ -13,10 +13,10 @@ The two sides alternate for R rounds (direct first in odd rounds, spine first in
 slowdown is 1 - median(spine)/median(direct) rollouts/s. Why rounds: one run of each side moves by
 several percent between repeats on a quiet machine, and the result takes the worst of five
 frameworks, so a single pair per framework reads the noise's largest swing as the slowdown
-(docs/agents.md has the figures). Each framework's merge rate is read
-back from the store with `reinforge.credit` (merged mode) after every spine run, the lowest kept:
-1.0 when every call's prompt extends the previous call's tokens, which needs the history the
-framework sends back to render as generated.
+(docs/agents.md has the figures). Each framework's merge rate is read back from the store with
+`reinforge.credit` (merged mode) after every spine run, the lowest kept: 1.0 when every call's
+prompt extends the previous call's tokens, which needs the history the framework sends back to
+render as generated.
 
     .venv/bin/python benchmarks/frameworks_bench.py [--quick] [--rollouts N] [--concurrency C] [--rounds R]
 
