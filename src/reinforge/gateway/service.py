@@ -94,6 +94,41 @@ class Caller:
     """(trace_id, parent span id) from the caller's `traceparent`, or None for the attempt's trace."""
 
 
+def _span_of(
+    caller: Caller,
+    span_id: str,
+    name: str,
+    kind: SpanKind,
+    attributes: dict[str, Any],
+    started: float,
+    ended: float,
+    status: SpanStatus | None = None,
+) -> Span:
+    """A span of the caller's attempt, in the caller's trace context (else the attempt's trace).
+
+    Validated: pydantic-core checks these few fields faster than `model_construct` assigns them in
+    Python, and a bad id fails here, not in the store. Span ids come from `new_span_id` (adjacent
+    ids: the store's span index appends).
+    """
+    state = caller.state
+    trace_id, parent_id = caller.trace if caller.trace is not None else (state.trace_id, None)
+    return Span(
+        span_id=span_id,
+        trace_id=trace_id,
+        parent_id=parent_id,
+        rollout_id=state.rollout_id,
+        attempt_id=state.attempt_id,
+        name=name,
+        kind=kind,
+        start_time=started,
+        end_time=ended,
+        attributes=attributes,
+        status=status if status is not None else SpanStatus(),
+        events=[],
+        sequence=None,
+    )
+
+
 class Gateway:
     """The state behind the app: backend, attempt checks, span recorder, and the pause gate.
 
@@ -462,8 +497,7 @@ class Gateway:
         state = caller.state
         state.turns.remember(result)
         sequence = state.take_sequence()
-        span_id = new_span_id()  # adjacent ids: the store's span index appends
-        trace_id, parent_id = caller.trace if caller.trace is not None else (state.trace_id, None)
+        span_id = new_span_id()
         ended = time.time()
         model = self.backend.model_name
         agent = caller.agent
@@ -492,20 +526,8 @@ class Gateway:
                 attributes[semconv.ATTR_HISTORY_UNMATCHED] = history.unmatched
             if result.malformed_tool_call:
                 attributes[semconv.ATTR_AIR_SIGNAL] = semconv.AIR_MALFORMED_TOOL_CALL
-            return Span(
-                span_id=span_id,
-                trace_id=trace_id,
-                parent_id=parent_id,
-                rollout_id=state.rollout_id,
-                attempt_id=state.attempt_id,
-                name=semconv.SPAN_LLM_CALL,
-                kind=SpanKind.client,
-                start_time=started,
-                end_time=ended,
-                attributes=attributes,
-                status=SpanStatus(),
-                events=[],
-                sequence=None,
+            return _span_of(
+                caller, span_id, semconv.SPAN_LLM_CALL, SpanKind.client, attributes, started, ended
             )
 
         await self.recorder.record(PendingSpan(state.attempt_id, build))
@@ -562,25 +584,7 @@ class Gateway:
         started: float,
         status: SpanStatus | None = None,
     ) -> Span:
-        state = caller.state
-        trace_id, parent_id = caller.trace if caller.trace is not None else (state.trace_id, None)
-        # Validated: pydantic-core checks these few fields faster than `model_construct` assigns them
-        # in Python, and a bad id fails here, not in the store.
-        span = Span(
-            span_id=new_span_id(),  # adjacent ids: the store's span index appends
-            trace_id=trace_id,
-            parent_id=parent_id,
-            rollout_id=state.rollout_id,
-            attempt_id=state.attempt_id,
-            name=name,
-            kind=kind,
-            start_time=started,
-            end_time=time.time(),
-            attributes=attributes,
-            status=status if status is not None else SpanStatus(),
-            events=[],
-            sequence=None,
-        )
+        span = _span_of(caller, new_span_id(), name, kind, attributes, started, time.time(), status)
         await self.recorder.record(span)
         return span
 

@@ -330,7 +330,7 @@ class UpstreamBackend:
         if chat:
             entries = logprobs_block.get("content") or []
             logprobs = [float(e["logprob"]) for e in entries]
-            tokens = entries  # read for their token texts only when the ids are missing
+            tokens = [e["token"] for e in entries]
             message = choice.get("message") or {}
             text = message.get("content") or ""
             tool_calls = [
@@ -351,9 +351,7 @@ class UpstreamBackend:
             patched = body.get("response_token_ids")  # agent-lightning's vLLM patch
             if patched and isinstance(patched[0], list):
                 patched = patched[0]
-            if patched is None:
-                patched = _ids_from_logprob_tokens([e["token"] for e in tokens] if chat else tokens)
-            completion_ids = patched
+            completion_ids = patched if patched is not None else _ids_from_logprob_tokens(tokens)
         prompt_ids = body.get("prompt_token_ids") or choice.get("prompt_token_ids")
         if prompt_ids is None and isinstance(request.prompt, list):
             prompt_ids = request.prompt

@@ -335,15 +335,21 @@ async def _body(request: Any, mod: ModuleType) -> bytes:
 
 def _wire(request: Any, body: bytes) -> bytes:
     """The request's bytes on the wire: httpx's request line and headers as they are, then the body."""
-    return _wire_bytes(request.method.encode("ascii"), request.url.raw_path, request.headers.raw, body)
+    lines = b"".join(b"%s: %s\r\n" % pair for pair in request.headers.raw)
+    return _wire_bytes(request.method.encode("ascii"), request.url.raw_path, lines, body)
 
 
-def _wire_bytes(method: bytes, target: bytes, headers: Iterable[tuple[bytes, bytes]], body: bytes) -> bytes:
-    lines = [b"%s %s HTTP/1.1\r\n" % (method, target)]
-    lines.extend(b"%s: %s\r\n" % pair for pair in headers)
-    lines.append(b"\r\n")
-    lines.append(body)
-    return b"".join(lines)
+def _wire_bytes(method: bytes, target: bytes, header_lines: bytes, body: bytes) -> bytes:
+    """A request on the wire: its request line, its header lines (each ending in CRLF), the body."""
+    return b"%s %s HTTP/1.1\r\n%s\r\n%s" % (method, target, header_lines, body)
+
+
+def _header_value(headers: Iterable[tuple[bytes, bytes]], name: bytes) -> bytes | None:
+    """The first value of header `name` (lower-case) in a raw header list, any case."""
+    for key, value in headers:
+        if key.lower() == name:
+            return value
+    return None
 
 
 @cache
@@ -420,11 +426,8 @@ class Reply:
 
     def header(self, name: str) -> str | None:
         """The first value of header `name` (any case), or None."""
-        wanted = name.lower().encode("latin-1")
-        for key, value in self.headers:
-            if key.lower() == wanted:
-                return value.decode("latin-1")
-        return None
+        value = _header_value(self.headers, name.lower().encode("latin-1"))
+        return None if value is None else value.decode("latin-1")
 
     def __repr__(self) -> str:
         return f"<Reply [{self.status_code}] {self.url}>"
@@ -467,16 +470,9 @@ class DirectSender:
             return await _send_as_request(transport, method, url, body, merged, extensions)
         content = body or b""
         port = url.port or 80
-        lines = self._header_lines if headers is None else _header_lines({**self._headers, **headers})
-        wire = b"%s %s HTTP/1.1\r\nhost: %s:%d\r\n%scontent-length: %d\r\n\r\n%s" % (
-            method.encode(),
-            url.raw_path,
-            url.host.encode(),
-            port,
-            lines,
-            len(content),
-            content,
-        )
+        fixed = self._header_lines if headers is None else _header_lines({**self._headers, **headers})
+        lines = b"host: %s:%d\r\n%scontent-length: %d\r\n" % (url.host.encode(), port, fixed, len(content))
+        wire = _wire_bytes(method.encode(), url.raw_path, lines, content)
         pool = transport._pool(asyncio.get_running_loop())
         stand_in = _WireRequest(method, url, extensions)
         answer = await transport.send_wire(httpx, pool, url.host, port, wire, stand_in)
@@ -500,10 +496,8 @@ def _header_lines(headers: dict[str, str]) -> bytes:
 
 def _encoded(headers: list[tuple[bytes, bytes]]) -> bool:
     """Whether the body came compressed (`Content-Encoding` other than identity)."""
-    for name, value in headers:
-        if name.lower() == b"content-encoding":
-            return value.strip().lower() not in (b"", b"identity")
-    return False
+    value = _header_value(headers, b"content-encoding")
+    return value is not None and value.strip().lower() not in (b"", b"identity")
 
 
 async def _send_as_request(
