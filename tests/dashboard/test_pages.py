@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import json
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, Response, Route, expect
 
 from reinforge.store.run_files import METRICS_FILE, TRANSITIONS_FILE
 
@@ -83,7 +84,11 @@ def test_a_chart_gains_a_point_when_a_step_lands(page: Page, served: Served, con
 
 
 def rows(page: Page) -> list[dict[str, str]]:
-    page.wait_for_function("document.querySelector('#rollout-table table, #no-rollouts') !== null")
+    """The rows of the latest load: the table is busy from a load's start until it has rendered it."""
+    page.wait_for_function(
+        """document.querySelector('#rollout-table[aria-busy="false"] table,'
+        + ' #rollout-table[aria-busy="false"] #no-rollouts') !== null"""
+    )
     return page.locator("#rollout-table tbody tr").evaluate_all(
         """(trs) => trs.map((tr) => ({id: tr.dataset.rollout, status: tr.children[1].innerText,
             mode: tr.children[2].innerText, version: tr.children[3].innerText,
@@ -94,7 +99,14 @@ def rows(page: Page) -> list[dict[str, str]]:
 def apply_filters(page: Page, **fields: str) -> None:
     for name, value in fields.items():
         page.locator(f'#filters [name="{name}"]').fill(value)
-    with page.expect_response(lambda r: "/dashboard/api/rollouts" in r.url):
+
+    def filtered(response: Response) -> bool:
+        query = parse_qs(urlsplit(response.url).query)
+        return "/dashboard/api/rollouts" in response.url and all(
+            query.get(name) == [value] for name, value in fields.items()
+        )
+
+    with page.expect_response(filtered):
         page.locator('#filters button[type="submit"]').click()
 
 
@@ -135,6 +147,31 @@ def test_rollouts_filters_change_what_is_listed(page: Page, served: Served, cons
     assert len(rows(page)) == min(50, len(listed))
     apply_filters(page, agent="nobody")
     expect(page.locator("#no-rollouts")).to_have_text("No rollouts match.")
+    assert console.errors == []
+
+
+def test_a_late_answer_does_not_replace_a_newer_filter(page: Page, served: Served, console: Console) -> None:
+    held: list[Route] = []
+
+    def hold_unfiltered(route: Route) -> None:
+        if "mode=" in route.request.url:
+            route.continue_()
+        else:
+            held.append(route)
+
+    page.route("**/dashboard/api/rollouts?*", hold_unfiltered)
+    page.goto(served.page_url)
+    with page.expect_request(lambda r: "/dashboard/api/rollouts" in r.url):
+        page.locator('nav a[data-nav="rollouts"]').click()
+    with page.expect_response(lambda r: "mode=val" in r.url):
+        page.locator('#filters [name="mode"]').select_option("val")
+    assert {r["mode"] for r in rows(page)} == {"val"}
+
+    assert len(held) == 1  # the first, unfiltered load: it answers only now, after the filtered one
+    with page.expect_response(lambda r: "/dashboard/api/rollouts" in r.url and "mode=" not in r.url):
+        held[0].continue_()
+    page.evaluate("() => new Promise((done) => setTimeout(done, 200))")  # let the page handle that answer
+    assert {r["mode"] for r in rows(page)} == {"val"}
     assert console.errors == []
 
 

@@ -243,6 +243,7 @@ function drawChart(chart) {
 // ---- Rollouts page -----------------------------------------------------------------------------
 const STATUSES = ["queued", "running", "succeeded", "failed", "cancelled"];
 let rolloutsPage = { cursors: [null], index: 0, last: null };
+let rolloutsLoads = 0; // the latest load wins: an older answer arriving late must not overwrite a newer filter's
 
 function filterParams() {
   const hash = location.hash.split("?")[1] || "";
@@ -280,7 +281,7 @@ function renderRollouts(view) {
       el("button", { id: "newer", text: "◀ Newer", onclick: () => pageRollouts(-1) }),
       el("button", { id: "older", text: "Older ▶", onclick: () => pageRollouts(1) }),
       el("span", { id: "page-note", class: "muted" })),
-    el("div", { id: "rollout-table" }),
+    el("div", { id: "rollout-table", "aria-busy": "true" }),
   );
   rolloutsPage = { cursors: [null], index: 0, last: null };
   loadRollouts();
@@ -304,9 +305,16 @@ async function loadRollouts() {
   const cursor = rolloutsPage.cursors[rolloutsPage.index];
   if (cursor !== null) params.set("before", String(cursor));
   params.set("limit", "50");
+  const load = ++rolloutsLoads;
+  const box = document.getElementById("rollout-table");
+  box.setAttribute("aria-busy", "true");
   let page;
-  try { page = await api("/rollouts", params); showError(null); } catch (err) { showError(err); return; }
-  if (state.view !== "rollouts") return;
+  try { page = await api("/rollouts", params); } catch (err) {
+    if (load === rolloutsLoads) { showError(err); box.setAttribute("aria-busy", "false"); }
+    return;
+  }
+  if (load !== rolloutsLoads || state.view !== "rollouts") return;
+  showError(null);
   rolloutsPage.cursors = rolloutsPage.cursors.slice(0, rolloutsPage.index + 1);
   if (page.next_cursor !== null) rolloutsPage.cursors.push(page.next_cursor);
   const rows = page.items.map((r) => el("tr", { "data-rollout": r.rollout_id },
@@ -318,7 +326,7 @@ async function loadRollouts() {
     el("td", { class: "task", title: r.task_preview, text: r.task_preview }),
     el("td", { text: when(r.updated_at) }),
     el("td", { class: "muted", text: r.error || "" })));
-  document.getElementById("rollout-table").replaceChildren(
+  box.replaceChildren(
     rows.length ? table(["rollout", "status", "mode", "policy v#", "reward#", "attempts#", "task", "updated", "error"], rows)
       : el("p", { class: "note", id: "no-rollouts", text: page.complete ? "No rollouts match." : "No match yet in the rollouts searched so far." }));
   const note = page.complete ? `page ${rolloutsPage.index + 1}` :
@@ -326,6 +334,7 @@ async function loadRollouts() {
   document.getElementById("page-note").textContent = note;
   document.getElementById("newer").disabled = rolloutsPage.index === 0;
   document.getElementById("older").disabled = page.next_cursor === null;
+  box.setAttribute("aria-busy", "false");
 }
 
 // ---- Rollout page ------------------------------------------------------------------------------
