@@ -175,6 +175,46 @@ def test_a_late_answer_does_not_replace_a_newer_filter(page: Page, served: Serve
     assert console.errors == []
 
 
+def test_an_answer_after_the_reader_left_does_not_replace_the_page(
+    page: Page, served: Served, console: Console
+) -> None:
+    rollout_id = api(served, "/rollouts", limit=1)["items"][0]["rollout_id"]
+    held: list[Route] = []
+    page.route(lambda url: "/dashboard/api/rollout?" in url, lambda route: held.append(route))
+    page.goto(served.page_url)
+    with page.expect_request(lambda r: "/dashboard/api/rollout?" in r.url):
+        page.goto(f"{served.url}/dashboard#/rollout/{rollout_id}")
+    page.locator('nav a[data-nav="rollouts"]').click()  # before the rollout's answer
+    rows(page)
+
+    with page.expect_response(lambda r: "/dashboard/api/rollout?" in r.url):
+        held[0].continue_()
+    page.evaluate("() => new Promise((done) => setTimeout(done, 200))")  # let the page handle that answer
+    expect(page.locator("#view h1")).to_have_text("Rollouts")
+    assert page.locator("#trace, #no-spans").count() == 0
+    assert console.errors == []
+
+
+def test_the_runners_poll_does_not_start_when_the_reader_left_first(
+    page: Page, served: Served, console: Console
+) -> None:
+    held: list[Route] = []
+    page.route(lambda url: "/dashboard/api/runners" in url, lambda route: held.append(route))
+    page.goto(served.page_url)
+    with page.expect_request(lambda r: "/dashboard/api/runners" in r.url):
+        page.locator('nav a[data-nav="runners"]').click()
+    page.locator('nav a[data-nav="rollouts"]').click()  # before the runners' first answer
+    rows(page)
+
+    polled: list[str] = []
+    page.on("request", lambda r: polled.append(r.url) if "/dashboard/api/runners" in r.url else None)
+    with page.expect_response(lambda r: "/dashboard/api/runners" in r.url):
+        held[0].continue_()
+    page.wait_for_timeout(3_500)  # longer than the page's 3 s poll
+    assert polled == []
+    assert console.errors == []
+
+
 def test_a_rollout_opens_to_its_spans_and_transitions(page: Page, served: Served, console: Console) -> None:
     transitions = [json.loads(x) for x in (served.run_dir / TRANSITIONS_FILE).read_text().splitlines()]
     merged = next(t for t in transitions if any(not s["trained"] for s in t["segments"]))

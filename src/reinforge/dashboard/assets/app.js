@@ -15,6 +15,7 @@ const state = {
   rolloutsTimer: null,
   runnersTimer: null,
   view: "",
+  navigation: 0,        // counts route() calls: a page whose answer comes after the next navigation drops it
 };
 
 // ---- token and calls -------------------------------------------------------------------------
@@ -338,11 +339,15 @@ async function loadRollouts() {
 }
 
 // ---- Rollout page ------------------------------------------------------------------------------
-async function renderRollout(view, rolloutId) {
+async function renderRollout(view, rolloutId, navigation) {
   view.replaceChildren(el("h1", { text: "Rollout " + rolloutId }), el("p", { class: "muted", text: "loading…" }));
   let d;
-  try { d = await api("/rollout", new URLSearchParams({ rollout_id: rolloutId })); showError(null); }
-  catch (err) { view.replaceChildren(el("h1", { text: "Rollout " + rolloutId }), el("p", { class: "note", text: String(err.message) })); return; }
+  try { d = await api("/rollout", new URLSearchParams({ rollout_id: rolloutId })); } catch (err) {
+    if (navigation === state.navigation) view.replaceChildren(el("h1", { text: "Rollout " + rolloutId }), el("p", { class: "note", text: String(err.message) }));
+    return;
+  }
+  if (navigation !== state.navigation) return;  // the reader has moved on: this answer must not replace their page
+  showError(null);
   const r = d.rollout;
   const summary = el("div", { class: "cards" },
     [["status", badge(r.status)], ["mode", r.mode], ["reward", fmt(r.reward)], ["policy version", d.policy_version ?? "-"],
@@ -493,14 +498,19 @@ async function route() {
   const [path] = hash.split("?");
   const [name, ...rest] = path.split("/");
   const view = document.getElementById("view");
+  const navigation = ++state.navigation;
   state.view = name || "run";
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.nav === state.view || (state.view === "rollout" && a.dataset.nav === "rollouts"));
   clearInterval(state.runnersTimer);
   if (!state.token) { showLogin(); return; }
   if (state.view === "run") renderRun(view);
   else if (state.view === "rollouts") renderRollouts(view);
-  else if (state.view === "rollout") await renderRollout(view, decodeURIComponent(rest.join("/")));
-  else if (state.view === "runners") { await renderRunners(view); state.runnersTimer = setInterval(loadRunners, 3000); }
+  else if (state.view === "rollout") await renderRollout(view, decodeURIComponent(rest.join("/")), navigation);
+  else if (state.view === "runners") {
+    await renderRunners(view);
+    // Polled while the page is open; not started when the reader left before its first answer.
+    if (navigation === state.navigation) state.runnersTimer = setInterval(loadRunners, 3000);
+  }
   else view.replaceChildren(el("p", { class: "note", text: "Unknown page." }));
 }
 
