@@ -64,6 +64,8 @@ function el(tag, attrs, ...children) {
 }
 const fmt = (v, digits = 3) => (v === null || v === undefined || Number.isNaN(v)) ? "" :
   (Number.isInteger(v) ? String(v) : Number(v).toFixed(digits));
+// A column of real numbers (advantages) keeps its decimals when a value is whole: 0.0000 beside 0.5774.
+const fixed = (v, digits) => (v === null || v === undefined || Number.isNaN(v)) ? "" : Number(v).toFixed(digits);
 const when = (t) => t ? new Date(t * 1000).toLocaleTimeString() : "";
 const ago = (t) => { if (!t) return ""; const s = Date.now() / 1000 - t; return s < 90 ? `${s.toFixed(0)} s ago` : `${(s / 60).toFixed(1)} min ago`; };
 const badge = (text) => el("span", { class: "badge " + text, text });
@@ -456,7 +458,7 @@ function transitionsView(d) {
       el("td", { class: "num", text: t.step }), el("td", { class: "num", text: t.index }), el("td", { text: t.agent_name || "" }),
       el("td", { class: "num", text: t.num_calls }), el("td", { class: "num", text: fmt(t.reward, 4) }),
       el("td", { class: "mono", text: Object.entries(t.reward_sources).map(([k, v]) => `${k} ${fmt(v, 3)}`).join(", ") }),
-      el("td", { class: "num advantage", text: fmt(t.advantage, 4) }),
+      el("td", { class: "num advantage", text: fixed(t.advantage, 4) }),
       el("td", { class: "num", text: `${t.prompt_tokens} / ${t.response_tokens} / ${t.trained_tokens}` })),
     el("tr", {}, el("td", { colspan: 8 }, el("div", { class: "segments" },
       t.segments.map((g) => el("span", { class: "seg " + (g.trained ? "trained" : "masked"), title: `${g.tokens} tokens ${g.trained ? "trained" : "masked"}`, text: g.text }))))),
