@@ -14,7 +14,8 @@ from tests.store.conftest import memory_store, postgres_store, sqlite_store
 
 from reinforge.semconv import ATTR_AGENT_NAME
 from reinforge.store import dashboard_queries
-from reinforge.store.dashboard_queries import RolloutFilter, dashboard_queries_for
+from reinforge.store.dashboard_backend import dashboard_queries_for
+from reinforge.store.dashboard_queries import RolloutFilter
 from reinforge.store.protocol import Store
 from reinforge.store.sql.dashboard_queries import SqlDashboardQueries
 from reinforge.types import (

@@ -1,11 +1,11 @@
 """The dashboard's read queries: rollout lists with filters and keyset paging, and the runners seen.
 
 These are not part of the `Store` protocol: they exist for one reader (the dashboard), and only the SQL
-store can answer them without reading everything. `dashboard_queries_for(store)` gives the SQL
-implementation (store/sql/dashboard_queries.py: keyset pages over the rollouts' primary key, each
-request bounded in rows examined and in time) for a SQL store, and `ProtocolScanQueries`, which reads
-through the protocol and filters in Python, for any other store (the memory store, an HTTP client):
-right for the small stores those hold, and as correct, only not indexed.
+store can answer them without reading everything. This module holds what every implementation shares
+and `ProtocolScanQueries`, which reads through the protocol and filters in Python, for any store that is
+not SQL (the memory store, an HTTP client): right for the small stores those hold, and as correct, only
+not indexed. The SQL implementation (store/sql/dashboard_queries.py) builds on this module, and
+store/dashboard_backend.py picks one for a store, so the imports point one way.
 
 Paging is by cursor (`before`: the rollout's insertion number, newest first), never by offset: a page
 deep in a long run costs what the first page costs. A filter the database cannot answer from an index
@@ -289,17 +289,6 @@ class ProtocolScanQueries:
         return RunnersView(runners=rows, running=sorted(running, key=lambda a: a.started_at))
 
 
-def dashboard_queries_for(store: Store) -> DashboardQueries:
-    """The SQL queries for a SQL store, the protocol scan for any other."""
-    from reinforge.store.sql.store import SqlStore
-
-    if isinstance(store, SqlStore):
-        from reinforge.store.sql.dashboard_queries import SqlDashboardQueries
-
-        return SqlDashboardQueries(store)
-    return ProtocolScanQueries(store)
-
-
 __all__ = [
     "SCAN_BUDGET_S",
     "DashboardQueries",
@@ -312,5 +301,4 @@ __all__ = [
     "RunnersView",
     "RunningAttempt",
     "agent_marker",
-    "dashboard_queries_for",
 ]

@@ -28,12 +28,12 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from reinforge.dashboard import dashboard_asset, dashboard_html
 from reinforge.errors import AuthenticationError, InvalidRequestError, NotFoundError
+from reinforge.store.dashboard_backend import dashboard_queries_for
 from reinforge.store.dashboard_queries import (
     DashboardQueries,
     RolloutFilter,
     RolloutListPage,
     RunnersView,
-    dashboard_queries_for,
 )
 from reinforge.store.http.auth import tokens_match
 from reinforge.store.http.dashboard_views import LogprobsView, SpanView, logprobs_view, span_view

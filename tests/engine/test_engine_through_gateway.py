@@ -8,13 +8,12 @@ from typing import Any
 import pytest
 import torch
 
+from gateway.conftest import running_attempt, serve
 from reinforge import semconv
 from reinforge.engine.engine import Engine
 from reinforge.engine.engine_backend import EngineBackend
 from reinforge.models import tiny_llama
 from reinforge.types import SpanQuery
-
-from .conftest import running_attempt, serve
 
 torch.set_num_threads(1)
 
