@@ -1,7 +1,7 @@
 """When each step's rollouts start, and whether another step fits the time budget.
 
 The step itself is always the same: its rollouts are collected, trained on, and the new policy is
-published. What this module decides is everything around that, which used to be woven through it:
+published. What this module decides is everything around that:
 
 - prefetching (`ScheduleSettings.prefetch_rollouts`): the next step's rollouts are enqueued early,
   tagged with the next policy version, and their LLM calls are held at the gateway until that

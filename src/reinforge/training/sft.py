@@ -44,7 +44,8 @@ class SftConfig(BaseModel):
     prompt_loss_weight: float = Field(default=0.0, ge=0.0, le=1.0)
     """The loss weight of context tokens (prompts, tool results) beside the trained tokens' 1. Above
     zero the model also learns to predict its prompts, where a schema or a page repeats its names:
-    copy practice that the replies alone give slowly (docs/experiments.md, "Session 15")."""
+    copy practice that the replies alone give slowly (docs/experiments.md: sql names spelt like held-out
+    names)."""
     dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     """`bfloat16` runs the forward and backward passes under bfloat16 autocast while the weights and
     the optimizer stay in float32: faster where the CPU has bfloat16 matrix units (AMX, AVX512-BF16)
