@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
@@ -59,18 +59,71 @@ def _copy(model: M) -> M:
     return model.model_copy(deep=True)
 
 
+class _Queues:
+    """The queued rollouts of each mode, oldest first by enqueue order. A rollout that left the queue
+    (leased, cancelled) keeps its entry until it reaches the front, where it is dropped."""
+
+    def __init__(self) -> None:
+        self.order: dict[str, int] = {}  # rollout id -> enqueue order, the "oldest first" key
+        self._heaps: dict[RolloutMode, list[tuple[int, str]]] = {m: [] for m in RolloutMode}
+
+    def push(self, rollout: Rollout) -> None:
+        """Queue `rollout` (again) in its place by first enqueue."""
+        rid = rollout.rollout_id
+        order = self.order.setdefault(rid, len(self.order))
+        heapq.heappush(self._heaps[rollout.mode], (order, rid))
+
+    def pop_oldest(self, modes: list[RolloutMode], rollouts: dict[str, Rollout]) -> str | None:
+        best: RolloutMode | None = None
+        for m in modes:
+            q = self._heaps[m]
+            while q and rollouts[q[0][1]].status is not RolloutStatus.queued:
+                heapq.heappop(q)
+            if q and (best is None or q[0] < self._heaps[best][0]):
+                best = m
+        return heapq.heappop(self._heaps[best])[1] if best is not None else None
+
+
+class _LeaseDeadlines:
+    """Running attempts by lease deadline. A heartbeat pushes a new entry rather than moving the old
+    one, so an entry whose attempt stopped running or whose deadline moved is stale and skipped."""
+
+    def __init__(self, attempts: dict[str, Attempt]) -> None:
+        self._attempts = attempts
+        self._heap: list[tuple[float, str]] = []
+
+    def push(self, attempt: Attempt) -> None:
+        heapq.heappush(self._heap, (attempt.lease_deadline, attempt.attempt_id))
+
+    def _is_live(self, deadline: float, attempt_id: str) -> bool:
+        a = self._attempts[attempt_id]
+        return a.status is AttemptStatus.running and a.lease_deadline == deadline
+
+    def next(self) -> float | None:
+        """The earliest deadline still standing."""
+        while self._heap and not self._is_live(*self._heap[0]):
+            heapq.heappop(self._heap)
+        return self._heap[0][0] if self._heap else None
+
+    def expired(self, now: float) -> Iterator[Attempt]:
+        """The running attempts whose lease passed before `now`, each removed as it is yielded."""
+        while self._heap and self._heap[0][0] < now:
+            deadline, aid = heapq.heappop(self._heap)
+            if self._is_live(deadline, aid):
+                yield self._attempts[aid]
+
+
 class MemoryStore:
     """The whole store in this process's memory; lost when the process ends."""
 
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._rollouts: dict[str, Rollout] = {}
-        self._age: dict[str, int] = {}  # rollout id -> enqueue order, the "oldest first" key
-        self._queues: dict[RolloutMode, list[tuple[int, str]]] = {m: [] for m in RolloutMode}
+        self._queues = _Queues()
         self._attempts: dict[str, Attempt] = {}
         self._attempts_of: dict[str, list[str]] = {}
         self._current: dict[str, str] = {}  # rollout id -> its running attempt id
-        self._deadlines: list[tuple[float, str]] = []  # (lease deadline, attempt id), stale entries skipped
+        self._deadlines = _LeaseDeadlines(self._attempts)
         self._spans: dict[str, Span] = {}
         self._span_order: list[str] = []
         self._spans_by_rollout: dict[str, list[str]] = {}
@@ -108,8 +161,7 @@ class MemoryStore:
                         updated_at=now,
                     )
                     self._rollouts[rid] = existing
-                    self._age[rid] = len(self._age)
-                    heapq.heappush(self._queues[spec.mode], (self._age[rid], rid))
+                    self._queues.push(existing)
                     added = True
                 out.append(_copy(existing))
         if added:
@@ -144,7 +196,7 @@ class MemoryStore:
             modes = [mode] if mode is not None else list(RolloutMode)
             out: list[LeasedRollout] = []
             while len(out) < max_rollouts:
-                rid = self._pop_oldest_queued(modes)
+                rid = self._queues.pop_oldest(modes, self._rollouts)
                 if rid is None:
                     break
                 rollout = self._rollouts[rid]
@@ -163,42 +215,22 @@ class MemoryStore:
                 self._attempts[attempt.attempt_id] = attempt
                 self._attempts_of.setdefault(rid, []).append(attempt.attempt_id)
                 self._current[rid] = attempt.attempt_id
-                heapq.heappush(self._deadlines, (attempt.lease_deadline, attempt.attempt_id))
+                self._deadlines.push(attempt)
                 out.append(LeasedRollout(rollout=_copy(rollout), attempt=_copy(attempt)))
             return out
-
-    def _pop_oldest_queued(self, modes: list[RolloutMode]) -> str | None:
-        best: RolloutMode | None = None
-        for m in modes:
-            q = self._queues[m]
-            # Entries of rollouts that left the queue (cancelled) are dropped lazily here.
-            while q and self._rollouts[q[0][1]].status is not RolloutStatus.queued:
-                heapq.heappop(q)
-            if q and (best is None or q[0] < self._queues[best][0]):
-                best = m
-        return heapq.heappop(self._queues[best])[1] if best is not None else None
 
     def _sleep_for(self, remaining: float) -> float:
         """Sleep until woken, but no later than the next lease deadline (an expiry may free work)."""
         with self._lock:
-            while self._deadlines and not self._is_live_deadline(*self._deadlines[0]):
-                heapq.heappop(self._deadlines)
-            if self._deadlines:
-                remaining = min(remaining, max(self._deadlines[0][0] - time.time(), 0.0) + 0.001)
+            deadline = self._deadlines.next()
+        if deadline is not None:
+            remaining = min(remaining, max(deadline - time.time(), 0.0) + 0.001)
         return remaining
-
-    def _is_live_deadline(self, deadline: float, attempt_id: str) -> bool:
-        a = self._attempts[attempt_id]
-        return a.status is AttemptStatus.running and a.lease_deadline == deadline
 
     def _expire(self, now: float) -> None:
         """Time out every running attempt whose lease has passed; their rollouts retry or fail."""
         requeued = finalised = False
-        while self._deadlines and self._deadlines[0][0] < now:
-            deadline, aid = heapq.heappop(self._deadlines)
-            if not self._is_live_deadline(deadline, aid):
-                continue  # a heartbeat moved this deadline; a newer entry stands for it
-            attempt = self._attempts[aid]
+        for attempt in self._deadlines.expired(now):
             attempt.status = AttemptStatus.timeout
             attempt.finished_at = now
             attempt.error = rules.expiry_error(attempt.attempt_no, attempt.runner_id)
@@ -218,7 +250,7 @@ class MemoryStore:
         rollout.updated_at = now
         rollout.error = error
         if status is RolloutStatus.queued:
-            heapq.heappush(self._queues[rollout.mode], (self._age[rollout.rollout_id], rollout.rollout_id))
+            self._queues.push(rollout)
         elif status.is_final:
             rollout.finished_at = now
 
@@ -233,7 +265,7 @@ class MemoryStore:
                 raise StaleAttemptError(_stale_message(attempt))
             attempt.lease_deadline = now + lease_seconds
             attempt.last_heartbeat = now
-            heapq.heappush(self._deadlines, (attempt.lease_deadline, attempt_id))
+            self._deadlines.push(attempt)
             return _copy(attempt)
 
     async def finish_attempt(self, attempt_id: str, outcome: AttemptOutcome) -> Rollout:
@@ -324,7 +356,7 @@ class MemoryStore:
             self._expire(time.time())
             if query.rollout_ids is not None:
                 wanted = set(query.rollout_ids)
-                pool = sorted((r for r in wanted if r in self._rollouts), key=self._age.__getitem__)
+                pool = sorted((r for r in wanted if r in self._rollouts), key=self._queues.order.__getitem__)
             else:
                 pool = list(self._rollouts)
             statuses = set(query.statuses) if query.statuses is not None else None

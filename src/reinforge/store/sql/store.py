@@ -1,9 +1,10 @@
 """The SQL store: SQLite (the embedded default, one file in the run folder) or PostgreSQL by URL.
 
-Each operation is one transaction function (`_*_tx`) run by `sql_database`; the async methods only
-check arguments, run the transaction, raise what it reports and fire the in-process wake-ups. On
-SQLite the calls every rollout makes (lease, finish, the expiry probe, span inserts) run on the raw
-sqlite3 cursor (`sqlite_ops`); everything else goes through SQLAlchemy Core.
+Each operation is one transaction run by the `Database`, made of the steps in `transactions`; the
+async methods only check arguments, run the transaction, raise what it reports and fire the
+in-process wake-ups (waits sleep as `waiting` says). On SQLite the calls every rollout makes (lease,
+finish, the expiry probe, span inserts) run on the raw sqlite3 cursor (`sqlite_ops`, `sqlite_spans`);
+everything else goes through SQLAlchemy Core.
 Rows are locked in one order everywhere (rollout before attempt) so concurrent PostgreSQL stores
 can't deadlock, and leases take queued rows with `FOR UPDATE SKIP LOCKED`, so two stores never
 lease the same rollout.
@@ -15,11 +16,9 @@ sleep no later than the next lease deadline.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from pydantic_core import PydanticSerializationError, to_json
@@ -36,13 +35,11 @@ from reinforge.errors import (
     ConflictError,
     InvalidRequestError,
     NotFoundError,
-    ReinforgeError,
-    StaleAttemptError,
 )
 from reinforge.store import rules
-from reinforge.store.notify import Signal, Watch
+from reinforge.store.notify import Signal
 from reinforge.store.span_records import SpanRecord
-from reinforge.store.sql import sqlite_ops, sqlite_spans
+from reinforge.store.sql import sqlite_spans, transactions, waiting
 from reinforge.store.sql.database import Database, PostgresDatabase, Synchronous, open_database
 from reinforge.store.sql.schema import (
     attempt_from_row,
@@ -54,8 +51,9 @@ from reinforge.store.sql.schema import (
     span_from_row,
     spans,
 )
-from reinforge.store.sql.span_codec import SpanBodyCodec, span_dictionaries
+from reinforge.store.sql.span_codec import SpanBodyCodec
 from reinforge.store.sql.statements import Statements
+from reinforge.store.sql.transactions import Effects
 from reinforge.types import (
     Attempt,
     AttemptOutcome,
@@ -83,24 +81,6 @@ _QUEUED = "queued"
 _FINALISED = "final"
 
 
-@dataclass
-class _Effects:
-    """What a transaction changed that waiters care about; fired after it commits."""
-
-    queued: bool = False
-    finalised: bool = False
-    finalised_ids: set[str] | None = field(default_factory=set)
-    """The rollouts it made final (None: some without a name), so a waiter can tell whether any of
-    its own were among them without a query."""
-
-    def finalise(self, rollout_id: str | None) -> None:
-        self.finalised = True
-        if rollout_id is None:
-            self.finalised_ids = None
-        elif self.finalised_ids is not None:
-            self.finalised_ids.add(rollout_id)
-
-
 class _Raise:
     """A transaction's verdict that must reach the caller as an error *after* the commit (an
     expiry the same transaction applied must stay applied)."""
@@ -114,37 +94,6 @@ def _json(value: Any, what: str) -> str:
         return to_json(value).decode()
     except PydanticSerializationError as e:
         raise InvalidRequestError(f"{what} holds a value that is not JSON: {e}") from e
-
-
-def _load_dictionary(conn: Connection, dict_id: int) -> bytes:
-    row = conn.execute(select(span_dictionaries.c.body).where(span_dictionaries.c.dict_id == dict_id)).first()
-    if row is None:
-        raise ReinforgeError(f"span dictionary {dict_id} is missing from the store: its spans can't be read")
-    return bytes(row[0])
-
-
-def _stale(row: Any) -> StaleAttemptError:
-    m = row._mapping
-    return StaleAttemptError(
-        f"attempt {m['attempt_id']!r} (try {m['attempt_no']} of rollout {m['rollout_id']!r}) is "
-        f"{m['status']}, no longer the rollout's running attempt; its report was not counted"
-    )
-
-
-def _start_attempt(rollout: Rollout, runner_id: str, now: float, deadline: float) -> Attempt:
-    """Mark a just-leased rollout running (in place) and make its new attempt."""
-    rollout.attempt_count += 1
-    rollout.status = RolloutStatus.running
-    rollout.updated_at = now
-    return Attempt(
-        attempt_id=new_ordered_id(),
-        rollout_id=rollout.rollout_id,
-        attempt_no=rollout.attempt_count,
-        runner_id=runner_id,
-        started_at=now,
-        lease_deadline=deadline,
-        last_heartbeat=now,
-    )
 
 
 class SqlStore:
@@ -194,8 +143,8 @@ class SqlStore:
         if payload in (_FINALISED, "*"):
             self._finalised.fire()
 
-    async def _write(self, fn: Callable[[Connection, _Effects], R | _Raise]) -> R:
-        fx = _Effects()
+    async def _write(self, fn: Callable[[Connection, Effects], R | _Raise]) -> R:
+        fx = Effects()
 
         def tx(conn: Connection) -> R | _Raise:
             result = fn(conn, fx)
@@ -213,82 +162,6 @@ class SqlStore:
         if isinstance(result, _Raise):
             raise result.error
         return result
-
-    # -- shared transaction steps -----------------------------------------------------------------
-
-    def _expire_tx(self, conn: Connection, fx: _Effects, now: float) -> None:
-        """Time out running attempts whose lease passed; their rollouts retry or fail."""
-        q = self._s
-        if not q.postgres:
-            # Nearly always nothing is due: one probe of the status/deadline index answers that.
-            with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
-                if cur.execute(sqlite_ops.ANY_DUE, (now,)).fetchone() is None:
-                    return
-        due = conn.execute(q.expire_due, {"now": now}).scalars().all()
-        if not due:
-            return
-        # Lock the rollouts first (the lock order everywhere); another store may be expiring them.
-        locked = {row.seq: row for row in conn.execute(q.expire_lock, {"seqs": sorted(set(due))})}
-        if not locked:
-            return
-        expired = conn.execute(q.expire_attempts, {"seqs": list(locked), "now": now}).all()
-        if not expired:
-            return
-        attempt_rows, rollout_rows = [], []
-        for a in expired:
-            error = rules.expiry_error(a.attempt_no, a.runner_id)
-            r = locked[a.rollout_seq]
-            status = rules.after_expiry(r.attempt_count, r.max_attempts)
-            attempt_rows.append({"b_id": a.attempt_id, "b_error": error})
-            rollout_rows.append(
-                {
-                    "b_seq": a.rollout_seq,
-                    "b_status": status.value,
-                    "b_error": error,
-                    "b_finished": now if status.is_final else None,
-                    "b_now": now,
-                }
-            )
-            fx.queued |= status is RolloutStatus.queued
-            if status.is_final:
-                fx.finalise(None)  # the expiry reads rollouts by number, not by id
-        conn.execute(q.set_attempt_error, attempt_rows)
-        conn.execute(q.expire_rollouts, rollout_rows)
-
-    # A wait's statements (run each time it looks again); on SQLite on the raw cursor.
-
-    def _next_deadline_tx(self, conn: Connection) -> float | None:
-        if self._s.postgres:
-            deadline: float | None = conn.execute(self._s.next_deadline).scalar()
-            return deadline
-        with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
-            row = cur.execute(sqlite_ops.NEXT_DEADLINE).fetchone()
-        return None if row is None else row[0]
-
-    def _final_by_id_tx(self, conn: Connection, ids: Sequence[str]) -> list[Rollout]:
-        """The rollouts among `ids` that are final."""
-        if self._s.postgres:
-            return [rollout_from_row(r) for r in conn.execute(self._s.final_by_id, {"ids": self._s.ids(ids)})]
-        with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
-            rows = cur.execute(sqlite_ops.FINAL_BY_ID, (self._s.ids(ids),)).fetchall()
-        return [sqlite_ops.rollout_from_values(row)[1] for row in rows]
-
-    def _sleep_for(self, remaining: float, next_deadline: float | None) -> float:
-        sleep = min(remaining, rules.RECHECK_SECONDS)
-        if next_deadline is not None:
-            sleep = min(sleep, max(next_deadline - time.time(), 0.0) + 0.001)
-        return sleep
-
-    def _missing_rollouts_tx(self, conn: Connection, ids: Sequence[str]) -> NotFoundError | None:
-        if self._s.postgres:
-            found = {r.rollout_id for r in conn.execute(self._s.rollouts_by_id, {"ids": self._s.ids(ids)})}
-        else:
-            with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
-                found = {r[0] for r in cur.execute(sqlite_ops.EXISTING_IDS, (self._s.ids(ids),))}
-        missing = [i for i in ids if i not in found]
-        if missing:
-            return NotFoundError(f"rollouts not found: {', '.join(map(repr, missing[:10]))}")
-        return None
 
     # -- rollouts ---------------------------------------------------------------------------------
 
@@ -321,7 +194,7 @@ class SqlStore:
             return []
         new_rows = list(rows.values())
 
-        def tx(conn: Connection, fx: _Effects) -> list[Rollout]:
+        def tx(conn: Connection, fx: Effects) -> list[Rollout]:
             q = self._s
             found: dict[str, Rollout] = {}
             for i in range(0, len(new_rows), _INSERT_CHUNK):
@@ -349,113 +222,41 @@ class SqlStore:
         with self._queued.watch() as watch:
             while True:
                 leased, next_deadline = await self._write(
-                    lambda conn, fx: self._lease_tx(conn, fx, runner_id, max_rollouts, lease_seconds, mode)
+                    lambda conn, fx: transactions.lease(
+                        conn, self._s, fx, runner_id, max_rollouts, lease_seconds, mode
+                    )
                 )
                 remaining = deadline - time.monotonic()
                 if leased or remaining <= 0:
                     return leased
-                await watch.wait(self._sleep_for(remaining, next_deadline))
-
-    def _lease_tx(
-        self,
-        conn: Connection,
-        fx: _Effects,
-        runner_id: str,
-        max_rollouts: int,
-        lease_seconds: float,
-        mode: RolloutMode | None,
-    ) -> tuple[list[LeasedRollout], float | None]:
-        now = time.time()
-        self._expire_tx(conn, fx, now)
-        q = self._s
-        if not q.postgres:
-            leased = self._lease_sqlite(conn, runner_id, max_rollouts, now + lease_seconds, mode, now)
-            return leased, None if leased else self._next_deadline_tx(conn)
-        if mode is None:
-            rows = conn.execute(q.lease_any, {"n": max_rollouts}).all()
-        else:
-            rows = conn.execute(q.lease_mode, {"n": max_rollouts, "mode": mode.value}).all()
-        if not rows:
-            return [], self._next_deadline_tx(conn)
-        deadline = now + lease_seconds
-        out: list[LeasedRollout] = []
-        attempt_rows, rollout_rows = [], []
-        for row in rows:
-            rollout = rollout_from_row(row)
-            attempt = _start_attempt(rollout, runner_id, now, deadline)
-            attempt_rows.append({**attempt.model_dump(mode="json"), "rollout_seq": row.seq})
-            rollout_rows.append(
-                {
-                    "b_seq": row.seq,
-                    "b_count": rollout.attempt_count,
-                    "b_aid": attempt.attempt_id,
-                    "b_now": now,
-                }
-            )
-            out.append(LeasedRollout(rollout=rollout, attempt=attempt))
-        conn.execute(q.insert_attempts, attempt_rows)
-        conn.execute(q.lease_rollouts, rollout_rows)
-        return out, None
-
-    @staticmethod
-    def _lease_sqlite(
-        conn: Connection,
-        runner_id: str,
-        max_rollouts: int,
-        deadline: float,
-        mode: RolloutMode | None,
-        now: float,
-    ) -> list[LeasedRollout]:
-        """`_lease_tx` on the raw cursor (see `sqlite_ops`)."""
-        with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
-            if mode is None:
-                rows = cur.execute(sqlite_ops.LEASE_ANY, (max_rollouts,)).fetchall()
-            else:
-                rows = cur.execute(sqlite_ops.LEASE_MODE, (mode.value, max_rollouts)).fetchall()
-            out: list[LeasedRollout] = []
-            attempt_rows, rollout_rows = [], []
-            for row in rows:
-                seq, rollout = sqlite_ops.rollout_from_values(row)
-                attempt = _start_attempt(rollout, runner_id, now, deadline)
-                aid, number = attempt.attempt_id, attempt.attempt_no
-                attempt_rows.append((aid, seq, rollout.rollout_id, number, runner_id, now, deadline, now))
-                rollout_rows.append((number, aid, now, seq))
-                out.append(LeasedRollout(rollout=rollout, attempt=attempt))
-            if out:
-                cur.executemany(sqlite_ops.INSERT_ATTEMPT, attempt_rows)
-                cur.executemany(sqlite_ops.LEASE_ROLLOUT, rollout_rows)
-            return out
+                await watch.wait(waiting.sleep_for(remaining, next_deadline))
 
     async def heartbeat(self, attempt_id: str, lease_seconds: float = 60.0) -> Attempt:
         rules.check_lease_seconds(lease_seconds)
 
-        def tx(conn: Connection, fx: _Effects) -> Attempt | _Raise:
+        def tx(conn: Connection, fx: Effects) -> Attempt | _Raise:
             now = time.time()
-            self._expire_tx(conn, fx, now)
+            transactions.expire(conn, self._s, fx, now)
             params = {"aid": attempt_id, "deadline": now + lease_seconds, "now": now}
             row = conn.execute(self._s.heartbeat, params).first()
             if row is not None:
                 return attempt_from_row(row)
-            return _Raise(self._attempt_problem(conn, attempt_id))
+            return _Raise(transactions.attempt_problem(conn, self._s, attempt_id))
 
         return await self._write(tx)
-
-    def _attempt_problem(self, conn: Connection, attempt_id: str) -> Exception:
-        row = conn.execute(self._s.get_attempt, {"aid": attempt_id}).first()
-        return NotFoundError(f"attempt {attempt_id!r} not found") if row is None else _stale(row)
 
     async def finish_attempt(self, attempt_id: str, outcome: AttemptOutcome) -> Rollout:
         outcome = rules.check_outcome(outcome)
 
-        def tx(conn: Connection, fx: _Effects) -> Rollout | _Raise:
+        def tx(conn: Connection, fx: Effects) -> Rollout | _Raise:
             now = time.time()
-            self._expire_tx(conn, fx, now)
-            found = self._finish_find_tx(conn, attempt_id)
+            transactions.expire(conn, self._s, fx, now)
+            found = transactions.finish_find(conn, self._s, attempt_id)
             if found is None:
                 return _Raise(NotFoundError(f"attempt {attempt_id!r} not found"))
             seq, rollout = found
-            if not self._finish_attempt_tx(conn, attempt_id, outcome, now):
-                return _Raise(self._attempt_problem(conn, attempt_id))
+            if not transactions.finish_attempt_row(conn, self._s, attempt_id, outcome, now):
+                return _Raise(transactions.attempt_problem(conn, self._s, attempt_id))
             status = rules.after_finish(outcome, rollout.attempt_count, rollout.max_attempts)
             rollout.status = status
             rollout.updated_at = now
@@ -463,7 +264,7 @@ class SqlStore:
             if status.is_final:
                 rollout.finished_at = now
                 rollout.reward = outcome.reward
-            self._finish_rollout_tx(conn, seq, rollout, now)
+            transactions.finish_rollout_row(conn, self._s, seq, rollout, now)
             fx.queued |= status is RolloutStatus.queued
             if status.is_final:
                 fx.finalise(rollout.rollout_id)
@@ -471,45 +272,12 @@ class SqlStore:
 
         return await self._write(tx)
 
-    # A finish's three statements; on SQLite on the raw cursor (see `sqlite_ops`).
-
-    def _finish_find_tx(self, conn: Connection, attempt_id: str) -> tuple[int, Rollout] | None:
-        """(seq, rollout) of the attempt's rollout, locked on PostgreSQL."""
-        if self._s.postgres:
-            row = conn.execute(self._s.finish_rollout, {"aid": attempt_id}).first()
-            return None if row is None else (row.seq, rollout_from_row(row))
-        with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
-            found = cur.execute(sqlite_ops.FINISH_ROLLOUT, (attempt_id,)).fetchone()
-        return None if found is None else sqlite_ops.rollout_from_values(found)
-
-    def _finish_attempt_tx(
-        self, conn: Connection, attempt_id: str, outcome: AttemptOutcome, now: float
-    ) -> bool:
-        """Record the outcome on the attempt if it is still running; False if it is not."""
-        values = (outcome.status.value, now, outcome.reward, outcome.error, attempt_id)
-        if self._s.postgres:
-            keys = ("b_status", "now", "b_reward", "b_error", "aid")
-            return (
-                conn.execute(self._s.finish_attempt, dict(zip(keys, values, strict=True))).first() is not None
-            )
-        with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
-            return cur.execute(sqlite_ops.FINISH_ATTEMPT, values).fetchone() is not None
-
-    def _finish_rollout_tx(self, conn: Connection, seq: int, rollout: Rollout, now: float) -> None:
-        values = (rollout.status.value, now, rollout.error, rollout.finished_at, rollout.reward, seq)
-        if self._s.postgres:
-            keys = ("b_status", "now", "b_error", "b_finished", "b_reward", "b_seq")
-            conn.execute(self._s.finish_update_rollout, dict(zip(keys, values, strict=True)))
-            return
-        with contextlib.closing(sqlite_ops.cursor(conn)) as cur:
-            cur.execute(sqlite_ops.FINISH_UPDATE_ROLLOUT, values)
-
     async def cancel_rollouts(self, rollout_ids: Sequence[str]) -> list[Rollout]:
         ids = rules.check_ids(rollout_ids, "rollout_ids")
 
-        def tx(conn: Connection, fx: _Effects) -> list[Rollout] | _Raise:
+        def tx(conn: Connection, fx: Effects) -> list[Rollout] | _Raise:
             now = time.time()
-            self._expire_tx(conn, fx, now)
+            transactions.expire(conn, self._s, fx, now)
             rows = conn.execute(
                 self._s.lock(self._s.rollouts_by_id.order_by(rollouts.c.seq)), {"ids": self._s.ids(ids)}
             ).all()
@@ -572,7 +340,7 @@ class SqlStore:
         if not self._s.postgres:
             return await self._db.write_bulk(lambda conn: sqlite_spans.insert_spans(conn, batch, self._codec))
 
-        def tx(conn: Connection, fx: _Effects) -> int:
+        def tx(conn: Connection, fx: Effects) -> int:
             keys = ("span_id", "trace_id", "rollout_id", "attempt_id", "name", "body")
             added = 0
             for i in range(0, len(batch), _INSERT_CHUNK):
@@ -585,8 +353,8 @@ class SqlStore:
     # -- reads ------------------------------------------------------------------------------------
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        def tx(conn: Connection, fx: _Effects) -> Rollout | _Raise:
-            self._expire_tx(conn, fx, time.time())
+        def tx(conn: Connection, fx: Effects) -> Rollout | _Raise:
+            transactions.expire(conn, self._s, fx, time.time())
             row = conn.execute(self._s.get_rollout, {"rid": rollout_id}).first()
             if row is None:
                 return _Raise(NotFoundError(f"rollout {rollout_id!r} not found"))
@@ -595,8 +363,8 @@ class SqlStore:
         return await self._write(tx)
 
     async def get_attempt(self, attempt_id: str) -> Attempt:
-        def tx(conn: Connection, fx: _Effects) -> Attempt | _Raise:
-            self._expire_tx(conn, fx, time.time())
+        def tx(conn: Connection, fx: Effects) -> Attempt | _Raise:
+            transactions.expire(conn, self._s, fx, time.time())
             row = conn.execute(self._s.get_attempt, {"aid": attempt_id}).first()
             if row is None:
                 return _Raise(NotFoundError(f"attempt {attempt_id!r} not found"))
@@ -619,8 +387,8 @@ class SqlStore:
         if query.task_id is not None:
             where.append(rollouts.c.task_id == query.task_id)
 
-        def tx(conn: Connection, fx: _Effects) -> Page[Rollout]:
-            self._expire_tx(conn, fx, time.time())
+        def tx(conn: Connection, fx: Effects) -> Page[Rollout]:
+            transactions.expire(conn, self._s, fx, time.time())
             cond = and_(True, *where)
             total = conn.execute(select(func.count()).select_from(rollouts).where(cond), params).scalar_one()
             rows = conn.execute(
@@ -640,8 +408,8 @@ class SqlStore:
         if query.statuses is not None:
             where.append(attempts.c.status.in_([s.value for s in query.statuses]))
 
-        def tx(conn: Connection, fx: _Effects) -> Page[Attempt]:
-            self._expire_tx(conn, fx, time.time())
+        def tx(conn: Connection, fx: Effects) -> Page[Attempt]:
+            transactions.expire(conn, self._s, fx, time.time())
             cond = and_(True, *where)
             total = conn.execute(select(func.count()).select_from(attempts).where(cond)).scalar_one()
             rows = conn.execute(
@@ -657,7 +425,9 @@ class SqlStore:
 
     async def query_spans(self, query: SpanQuery) -> Page[Span]:
         if not self._s.postgres:
-            return await self._db.read(lambda conn: self._query_spans_sqlite(conn, query))
+            return await self._db.read(
+                lambda conn: transactions.span_page_sqlite(conn, self._s, self._codec, query)
+            )
         where: list[ColumnElement[bool]] = []
         params: dict[str, Any] = {}
         if query.rollout_id is not None:
@@ -689,37 +459,10 @@ class SqlStore:
             elif where:
                 total = conn.execute(select(func.count()).select_from(spans).where(cond), params).scalar_one()
             else:
-                total = self._count_spans(conn)
+                total = transactions.count_spans(conn, self._s)
             return rules.make_page([span_from_row(seq, body) for seq, body in rows], total, query.offset)
 
         return await self._db.read(tx)
-
-    def _query_spans_sqlite(self, conn: Connection, query: SpanQuery) -> Page[Span]:
-        """`query_spans` on SQLite's keyed span layout (`sqlite_spans`)."""
-        where = sqlite_spans.SpanFilter(
-            rollout_id=query.rollout_id,
-            rollout_ids=query.rollout_ids,
-            attempt_id=query.attempt_id,
-            trace_id=query.trace_id,
-            name=query.name,
-        )
-        rows = sqlite_spans.read_page(
-            conn, where, query.limit, query.offset, self._codec, lambda d: _load_dictionary(conn, d)
-        )
-        if len(rows) < query.limit and (rows or query.offset == 0):
-            total = query.offset + len(rows)  # a short page is the last one (as on PostgreSQL)
-        elif where != sqlite_spans.SpanFilter():
-            total = sqlite_spans.count(conn, where)
-        else:
-            total = self._count_spans(conn)
-        return rules.make_page([span_from_row(seq, body) for seq, body in rows], total, query.offset)
-
-    def _count_spans(self, conn: Connection) -> int:
-        if self._s.postgres:
-            return int(conn.execute(self._s.count_spans).scalar_one())
-        # SQLite numbers a new row max(rowid) + 1, skipped inserts take no number, and spans are
-        # never deleted: the count is the last sequence, read from the index end instead of a scan.
-        return int(conn.execute(self._s.last_span_sequence).scalar() or 0)
 
     async def wait_for_rollouts(self, rollout_ids: Sequence[str], timeout_seconds: float) -> list[Rollout]:
         ids = rules.check_ids(rollout_ids, "rollout_ids")
@@ -728,14 +471,14 @@ class SqlStore:
         done: dict[str, Rollout] = {}
         first = True
 
-        def tx(conn: Connection, fx: _Effects) -> tuple[list[Rollout], float | None] | _Raise:
-            self._expire_tx(conn, fx, time.time())
+        def tx(conn: Connection, fx: Effects) -> tuple[list[Rollout], float | None] | _Raise:
+            transactions.expire(conn, self._s, fx, time.time())
             pending = [i for i in ids if i not in done]
             if first:
-                missing = self._missing_rollouts_tx(conn, pending)
+                missing = transactions.missing_rollouts(conn, self._s, pending)
                 if missing is not None:
                     return _Raise(missing)
-            return self._final_by_id_tx(conn, pending), self._next_deadline_tx(conn)
+            return transactions.final_by_id(conn, self._s, pending), transactions.next_deadline(conn, self._s)
 
         with self._finalised.watch() as watch:
             while True:
@@ -744,29 +487,7 @@ class SqlStore:
                 done.update((r.rollout_id, r) for r in finished)
                 if len(done) == len(ids) or deadline - time.monotonic() <= 0:
                     return [done[i] for i in ids if i in done]
-                await self._until_all_reported(watch, ids, done, deadline, next_deadline)
-
-    async def _until_all_reported(
-        self,
-        watch: Watch,
-        ids: Sequence[str],
-        done: dict[str, Rollout],
-        deadline: float,
-        next_deadline: float | None,
-    ) -> None:
-        """Sleep until every rollout still awaited was reported final, a fire named nothing, a lease
-        may have expired, or the wait is over: one read for a whole batch, not one per commit."""
-        waiting = {i for i in ids if i not in done}
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not await watch.wait(self._sleep_for(remaining, next_deadline)):
-                return
-            reported = watch.take_keys()
-            if reported is None:
-                return
-            waiting -= reported
-            if not waiting:
-                return
+                await waiting.until_all_reported(watch, ids, done, deadline, next_deadline)
 
     # -- resources --------------------------------------------------------------------------------
 
@@ -779,7 +500,7 @@ class SqlStore:
         body = _json(resources_, "resources")
         content = json.loads(body)
 
-        def tx(conn: Connection, fx: _Effects) -> ResourcesVersion | _Raise:
+        def tx(conn: Connection, fx: Effects) -> ResourcesVersion | _Raise:
             q = self._s
             while True:
                 v = version
@@ -831,15 +552,15 @@ class SqlStore:
         return result
 
     async def counters(self) -> StoreCounters:
-        def tx(conn: Connection, fx: _Effects) -> StoreCounters:
-            self._expire_tx(conn, fx, time.time())
+        def tx(conn: Connection, fx: Effects) -> StoreCounters:
+            transactions.expire(conn, self._s, fx, time.time())
             by_rollout = conn.execute(
                 select(rollouts.c.status, func.count()).group_by(rollouts.c.status)
             ).all()
             by_attempt = conn.execute(
                 select(attempts.c.status, func.count()).group_by(attempts.c.status)
             ).all()
-            n_spans = self._count_spans(conn)
+            n_spans = transactions.count_spans(conn, self._s)
             n_res, latest = conn.execute(select(func.count(), func.max(resources.c.version))).one()
             return StoreCounters(
                 rollouts_by_status={RolloutStatus(s): n for s, n in by_rollout},
