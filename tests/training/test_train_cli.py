@@ -105,16 +105,14 @@ def test_bad_config_files_are_clear_errors(tokenizer: Any, tmp_path: Path) -> No
         load_run_config(tmp_path / "two.toml")
 
 
-def test_a_flat_trainer_table_names_the_sub_tables(tokenizer: Any, tmp_path: Path) -> None:
-    """A file written before the trainer's settings were grouped is refused, not half-read."""
+def test_a_flat_setting_beside_its_table_field_is_refused(tokenizer: Any, tmp_path: Path) -> None:
+    """The deprecated flat name beside its sub-table's field: which one was meant is unknown."""
     config = write_run(tmp_path, tokenizer)
-    text = config.read_text().replace("[trainer]\n", "[trainer]\nlearning_rate = 0.1\nrunner_processes = 2\n")
+    text = config.read_text().replace("[trainer]\n", "[trainer]\nmax_steps = 2\n")
     config.write_text(text)
     out = CliRunner().invoke(app, ["train", str(config)])
     assert out.exit_code == 2
-    assert "learning_rate is now optim.learning_rate" in out.output
-    assert "runner_processes is now runners.processes" in out.output
-    assert "[trainer.optim], [trainer.runners]" in out.output
+    assert "`max_steps` and `schedule.max_steps` are both given" in out.output
 
 
 def test_command_line_overrides_keep_the_other_settings_of_their_group(

@@ -146,18 +146,6 @@ def test_a_dict_override_changes_only_the_fields_it_names(tokenizer: Any, tmp_pa
     assert replaced.config.schedule == ScheduleSettings()
 
 
-def test_flat_settings_name_the_group_they_moved_to(tokenizer: Any, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match=r"learning_rate is now optim\.learning_rate.*\[trainer\.optim\]"):
-        TrainerConfig(learning_rate=1e-3)
-    with pytest.raises(
-        ValueError, match=r"runners is now runners\.count; max_steps is now schedule\.max_steps"
-    ):
-        TrainerConfig.model_validate({"runners": 2, "max_steps": 5})
-    with pytest.raises(InvalidRequestError, match=r"engine_max_seq_len is now engine\.max_seq_len"):
-        Trainer(small_model(tokenizer), tokenizer, run_dir=tmp_path, engine_max_seq_len=256)
-    assert TrainerConfig(runners={"count": 2}).runners.count == 2  # the group itself is no old setting
-
-
 def test_metrics_lines_are_json(tokenizer: Any, tmp_path: Path) -> None:
     Trainer(
         small_model(tokenizer),

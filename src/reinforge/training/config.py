@@ -7,8 +7,8 @@ groups are sub-tables of `[trainer]`: `[trainer.optim]`, `[trainer.rollouts]`, `
 `[trainer.engine]`, `[trainer.schedule]`, `[trainer.checkpoints]`, `[trainer.store]`,
 `[trainer.compute]`, `[trainer.distributed]`, `[trainer.serve]`, `[trainer.logging]`.
 
-A setting written the old, flat way (`learning_rate` directly under `[trainer]`) is refused with the
-place it moved to, instead of being silently ignored or guessed.
+A setting written the flat way of earlier versions (`learning_rate` directly under `[trainer]`) still
+works until it is removed, with a DeprecationWarning naming its group (`flat_settings`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from reinforge.training.flat_settings import upgrade_flat_settings
 from reinforge.training.metric_sinks.settings import LoggingSettings
 
 _ROLE_NAME = re.compile(r"[A-Za-z0-9_-]+")
@@ -423,42 +424,6 @@ class DistributedSettings(BaseModel):
     sharding: Literal["replicate", "fsdp2"] = "replicate"
 
 
-MOVED: dict[str, str] = {
-    "learning_rate": "optim.learning_rate",
-    "lr_schedule": "optim.lr_schedule",
-    "lr_final_ratio": "optim.lr_final_ratio",
-    "weight_decay": "optim.weight_decay",
-    "max_grad_norm": "optim.max_grad_norm",
-    "epochs_per_batch": "optim.epochs_per_batch",
-    "micro_batch_tokens": "optim.micro_batch_tokens",
-    "lora": "optim.lora",
-    "tasks_per_step": "rollouts.tasks_per_step",
-    "temperature": "rollouts.temperature",
-    "max_tokens": "rollouts.max_tokens",
-    "rollout_timeout_s": "rollouts.timeout_s",
-    "step_timeout_s": "rollouts.step_timeout_s",
-    "runners": "runners.count",
-    "runner_concurrency": "runners.concurrency",
-    "runner_processes": "runners.processes",
-    "runner_processes_nice": "runners.processes_nice",
-    "engine_max_batch_size": "engine.max_batch_size",
-    "engine_max_seq_len": "engine.max_seq_len",
-    "engine_process": "engine.process",
-    "max_steps": "schedule.max_steps",
-    "max_minutes": "schedule.max_minutes",
-    "val_every": "schedule.val_every",
-    "val_greedy": "schedule.val_greedy",
-    "prefetch_rollouts": "schedule.prefetch_rollouts",
-    "overlap_rollouts": "schedule.overlap_rollouts",
-    "checkpoint_every": "checkpoints.every",
-    "keep_checkpoints": "checkpoints.keep",
-    "resume": "checkpoints.resume",
-    "store_url": "store.url",
-    "store_token": "store.token",
-}
-"""Each flat setting of the earlier `TrainerConfig` and the group field it is now."""
-
-
 class TrainerConfig(BaseModel):
     """How a Trainer runs: the run's identity, then one group per concern (see the module docstring).
 
@@ -499,23 +464,9 @@ class TrainerConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _refuse_flat_settings(cls, data: Any) -> Any:
-        """Name where an old flat setting went (`runners` is both: a count before, a group now)."""
-        if not isinstance(data, dict):
-            return data
-        moved = [
-            key
-            for key in data
-            if key in MOVED and not (key == "runners" and not isinstance(data[key], int | float))
-        ]
-        if moved:
-            where = "; ".join(f"{key} is now {MOVED[key]}" for key in moved)
-            tables = sorted({f"[trainer.{MOVED[key].split('.')[0]}]" for key in moved})
-            raise ValueError(
-                f"trainer settings are grouped: {where} "
-                f"(in a TOML file, under {', '.join(tables)}; see docs/training.md)"
-            )
-        return data
+    def _upgrade_flat_settings(cls, data: Any) -> Any:
+        """The deprecated flat settings, put in their groups with a warning (`flat_settings`)."""
+        return upgrade_flat_settings(data, stacklevel=3) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
     def _lora_sync_needs_one_adapter(self) -> TrainerConfig:

@@ -40,6 +40,7 @@ from reinforge.credit import CreditConfig
 from reinforge.errors import InvalidRequestError
 from reinforge.runner import Agent, CommandAgent, load_agent
 from reinforge.training.config import TrainerConfig
+from reinforge.training.flat_settings import FlatSettingConflictError, upgrade_flat_settings
 from reinforge.training.sft import SftConfig
 
 if TYPE_CHECKING:
@@ -179,7 +180,10 @@ def load_run_config(path: Path, overrides: dict[str, Any] | None = None) -> RunC
             "[trainer.logging.wandb]); see docs/logging.md"
         )
     base = path.resolve().parent
-    trainer = dict(raw.get("trainer", {}))
+    try:  # flat settings first, so that a command-line override of their group patches them
+        trainer = upgrade_flat_settings(raw.get("trainer", {}), stacklevel=2)
+    except FlatSettingConflictError as exc:
+        raise FlatSettingConflictError(f"{path}: {exc}") from exc
     for key, value in (overrides or {}).items():  # a group's override keeps the file's other fields
         group = trainer.get(key)
         trainer[key] = {**group, **value} if isinstance(value, dict) and isinstance(group, dict) else value

@@ -44,6 +44,7 @@ from reinforge.training.distributed import (
     join_data_parallel,
     launched_world,
 )
+from reinforge.training.flat_settings import upgrade_flat_settings
 from reinforge.training.fsdp import refuse_unshardable
 from reinforge.training.metrics import MetricsLog, phase_timer, plot_reward_curve
 from reinforge.training.policy import Policy
@@ -118,6 +119,7 @@ class Trainer:
         self.algorithm: Algorithm = algorithm or GRPO()
         self.credit = credit or CreditConfig()
         base = (config or TrainerConfig()).model_dump()
+        overrides = upgrade_flat_settings(overrides, stacklevel=2)
         merged = {
             key: {**base[key], **value} if _is_group_patch(value, base.get(key)) else value
             for key, value in overrides.items()
