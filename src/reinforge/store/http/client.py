@@ -22,6 +22,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from reinforge import errors
+from reinforge.retry import Backoff, Retrying
 from reinforge.net.keepalive_transport import DirectSender, KeepAliveTransport, Reply
 from reinforge.store.http.adapters import (
     ADDED,
@@ -155,8 +156,10 @@ class HttpStoreClient:
         self.base_url = base_url.rstrip("/")
         self._token = resolved
         self._timeout = timeout_seconds
-        self._connect_retries = connect_retries
-        self._restart_window_s = restart_window_s
+        # Until the server answered once, a wrong URL fails after `connect_retries` re-sends; from
+        # then on a restart is ridden over for `restart_window_s`.
+        self._connect_backoff = Backoff(0.1, max_s=2.0, tries=connect_retries + 1)
+        self._restart_backoff = Backoff(0.1, max_s=2.0, within_s=restart_window_s)
         self._reached = False  # set once any call got an answer: from then on a restart is ridden over
         self._retrying = True
         self._max_connections = max_connections
@@ -236,9 +239,8 @@ class HttpStoreClient:
         # A long-poll may legitimately take `wait_seconds`; the read timeout must outlast it.
         timeout = httpx.Timeout(self._timeout + wait_seconds, connect=10.0) if wait_seconds else None
         url = self._fixed_urls.get(path) or httpx.URL(self.base_url + path)
-        attempt = 0
+        retry: Retrying | None = None  # started at the first failure: nothing to pay on the usual path
         resent = False
-        give_up_at = time.monotonic() + self._restart_window_s
         while True:
             try:
                 response = await self._direct.send(method, url, content, timeout=timeout)
@@ -247,13 +249,14 @@ class HttpStoreClient:
                 # A refused connection never reached the server, so any call may be re-sent; a call
                 # cut off later may have been applied, so only calls that are safe twice are re-sent.
                 refused = isinstance(exc, httpx.ConnectError)
-                retry = refused or (idempotent and not isinstance(exc, httpx.TimeoutException))
-                more = attempt < self._connect_retries or (self._reached and time.monotonic() < give_up_at)
-                if not retry or not more or not self._retrying:
+                safe = refused or (idempotent and not isinstance(exc, httpx.TimeoutException))
+                if retry is None:
+                    retry = (self._restart_backoff if self._reached else self._connect_backoff).start()
+                delay = retry.failed()
+                if not safe or delay is None or not self._retrying:
                     raise self._unavailable(method, path, exc) from exc
                 resent = resent or not refused
-                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
-                attempt += 1
+                await asyncio.sleep(delay)
         self._reached = True
         return response, resent
 
