@@ -195,7 +195,9 @@ class UpstreamBackend:
         try:
             async with self._direct.stream("POST", self._urls[path], json_codec.dumps(payload)) as response:
                 if response.status_code >= 400:
-                    self._raise_for(response.status_code, (await response.read()).decode(errors="replace"), path)
+                    self._raise_for(
+                        response.status_code, (await response.read()).decode(errors="replace"), path
+                    )
                 async for line in response.lines():
                     if line.startswith("data:"):
                         data = line[5:].strip()

@@ -490,7 +490,9 @@ class DirectSender:
     httpx's exceptions.
     """
 
-    def __init__(self, transport: KeepAliveTransport, headers: dict[str, str], timeout: httpx.Timeout) -> None:
+    def __init__(
+        self, transport: KeepAliveTransport, headers: dict[str, str], timeout: httpx.Timeout
+    ) -> None:
         self.transport = transport
         self._headers = dict(headers)
         self._header_lines = _header_lines(self._headers)

@@ -21,8 +21,8 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic_core import PydanticSerializationError
 
 from reinforge import errors
-from reinforge.retry import Backoff, Retrying
 from reinforge.net.keepalive_transport import DirectSender, KeepAliveTransport, Reply
+from reinforge.retry import Backoff, Retrying
 from reinforge.store.http.adapters import (
     ADDED,
     ATTEMPT,
