@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from reinforge.retry import Backoff
+
 
 @dataclass(frozen=True)
 class RestartPolicy:
@@ -20,7 +22,7 @@ class RestartPolicy:
     crash_loop_window_s: float = 60.0
 
     def delay(self, recent_deaths: int) -> float:
-        return min(self.max_backoff_s, self.backoff_s * 2 ** max(recent_deaths - 1, 0))
+        return Backoff(self.backoff_s, max_s=self.max_backoff_s).delay(recent_deaths)
 
 
 class DeathWindow:

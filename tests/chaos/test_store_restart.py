@@ -7,12 +7,15 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 import httpx
 import pytest
 
 from reinforge.errors import StaleAttemptError, StoreUnavailableError
 from reinforge.net.background import BackgroundServer
+from reinforge.net.keepalive_transport import KeepAliveTransport
 from reinforge.store.http.client import HttpStoreClient
 from reinforge.store.http.server import create_store_app
 from reinforge.store.protocol import Store
@@ -22,27 +25,26 @@ from reinforge.types import AttemptOutcome, AttemptQuery, AttemptStatus, Rollout
 TOKEN = "chaos-token"
 
 
-class _AnswerLost(httpx.AsyncBaseTransport):
+class _AnswerLost(KeepAliveTransport):
     """Sends each request to the server, but for the first request to a path in `cut` throws the
     answer away and raises as a connection that broke mid-call would: the server has applied it."""
 
     def __init__(self, cut: set[str]) -> None:
-        self.inner = httpx.AsyncHTTPTransport()
+        super().__init__()
         self.cut = set(cut)
         self.sent: list[str] = []
 
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        self.sent.append(request.url.path)
-        response = await self.inner.handle_async_request(request)
-        await response.aread()
-        path = request.url.path
+    async def send_wire(
+        self, mod: ModuleType, pool: Any, host: str, port: int, wire: bytes, request: Any
+    ) -> Any:
+        path = wire.split(b" ", 2)[1].decode().partition("?")[0]
+        self.sent.append(path)
+        answer = await super().send_wire(mod, pool, host, port, wire, request)
         if any(path.endswith(p) for p in self.cut):
             self.cut = {p for p in self.cut if not path.endswith(p)}
+            answer.conn.close()
             raise httpx.ReadError("connection reset by peer", request=request)
-        return response
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
+        return answer
 
 
 @pytest.fixture

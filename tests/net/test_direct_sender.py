@@ -60,18 +60,43 @@ async def test_a_silent_server_times_out_with_httpx_exception() -> None:
         await sender.transport.aclose()
 
 
-async def test_any_other_transport_gets_an_httpx_request() -> None:
-    seen: list[httpx.Request] = []
+async def test_a_stream_gives_its_lines_as_they_arrive_and_an_early_exit_closes_the_connection() -> None:
+    release = asyncio.Event()
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        return httpx.Response(201, json={"echo": json.loads(request.content)})
+    async def events(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+                await reader.readexactly(2)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for piece in (b"data: 1\r\n\r\nda", b"ta: 2\n\n", b"data: [DONE]\n\n"):
+                writer.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                await writer.drain()
+                await release.wait()
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
 
-    sender = DirectSender(httpx.MockTransport(answer), {"Content-Type": "application/json"}, httpx.Timeout(5))
-    response = await sender.send("PUT", httpx.URL("https://store.example/v1/x"), b'{"a":1}')
-    assert (response.status_code, json.loads(response.content)) == (201, {"echo": {"a": 1}})
-    assert response.header("Content-Type") == "application/json" and str(response.url).startswith("https:")
-    assert seen[0].method == "PUT" and seen[0].headers["content-type"] == "application/json"
+    server = await asyncio.start_server(events, "127.0.0.1", 0)
+    url = httpx.URL(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions")
+    sender = DirectSender(KeepAliveTransport(), {}, httpx.Timeout(5))
+    try:
+        async with sender.stream("POST", url, b"{}") as reply:
+            assert reply.status_code == 200
+            lines = reply.lines()
+            assert await anext(lines) == "data: 1"  # before the server sent the rest
+            release.set()
+            assert [line async for line in lines] == ["", "data: 2", "", "data: [DONE]", ""]
+        release.clear()
+        async with sender.stream("POST", url, b"{}") as reply:
+            assert await anext(reply.lines()) == "data: 1"
+        conn = sender.transport._pool(asyncio.get_running_loop()).origins["127.0.0.1", url.port]
+        assert (conn.busy, conn.idle) == (0, [])  # left mid-body: closed, not kept busy or idle
+    finally:
+        release.set()
+        server.close()
+        await sender.transport.aclose()
 
 
 async def test_a_reply_whose_body_comes_after_its_head_is_read_whole() -> None:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from types import ModuleType
+from typing import Any
 
-import httpx
 import pytest
 
 from reinforge import semconv
@@ -15,6 +16,20 @@ from reinforge.runner.gateway_client import GatewayClient, _error
 from reinforge.types import AttemptOutcome, AttemptStatus, RolloutStatus, Span, SpanQuery
 
 from .conftest import GATEWAY_SECRET, Stack, enqueue
+
+
+class _Watched(KeepAliveTransport):
+    """A keep-alive transport that notes the path of each request it sends (the gateway's prefix off)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    async def send_wire(
+        self, mod: ModuleType, pool: Any, host: str, port: int, wire: bytes, request: Any
+    ) -> Any:
+        self.paths.append(wire.split(b" ", 2)[1].decode().removeprefix("/gateway"))
+        return await super().send_wire(mod, pool, host, port, wire, request)
 
 
 async def test_finish_then_a_second_finish_is_stale(stack: Stack) -> None:
@@ -64,14 +79,9 @@ def test_error_bodies_map_to_typed_errors() -> None:
 async def test_finishes_that_queue_up_go_out_in_one_request(stack: Stack) -> None:
     rollouts = await enqueue(stack.store, *({"i": i} for i in range(12)))
     leased = await stack.store.lease_rollouts("r", 12)
-    sent: list[str] = []
-    real = KeepAliveTransport()
-
-    async def counted(request: httpx.Request) -> httpx.Response:
-        sent.append(request.url.path.removeprefix("/gateway"))
-        return await real.handle_async_request(request)
-
-    client = GatewayClient(stack.gateway_url, GATEWAY_SECRET, transport=httpx.MockTransport(counted))
+    watched = _Watched()
+    sent = watched.paths
+    client = GatewayClient(stack.gateway_url, GATEWAY_SECRET, transport=watched)
     try:
         lone = leased[0].attempt.attempt_id
         await client.finish(lone, AttemptOutcome(status=AttemptStatus.succeeded, reward=0.0))
@@ -98,7 +108,6 @@ async def test_finishes_that_queue_up_go_out_in_one_request(stack: Stack) -> Non
             assert final.reward == pytest.approx(i / 10)
     finally:
         await client.aclose()
-        await real.aclose()
 
 
 async def test_a_refused_finish_in_a_batch_fails_only_its_caller(stack: Stack) -> None:
@@ -124,25 +133,39 @@ async def test_a_refused_finish_in_a_batch_fails_only_its_caller(stack: Stack) -
 
 async def test_requests_carry_the_finish_and_attempt_tokens() -> None:
     """What goes on the wire: the path under the gateway's prefix, the signed token, the body."""
-    seen: list[httpx.Request] = []
+    seen: list[bytes] = []
 
-    def answer(request: httpx.Request) -> httpx.Response:
-        seen.append(request)
-        if request.url.path.endswith("/flush"):
-            return httpx.Response(503, json={"error": {"message": "store down", "code": None}})
-        return httpx.Response(200, json={})
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+                seen.append(head + await reader.readexactly(length))
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            if head.split(b" ")[1].endswith(b"/flush"):
+                body = b'{"error": {"message": "store down", "code": null}}'
+                writer.write(b"HTTP/1.1 503 Unavailable\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+            await writer.drain()
 
-    client = GatewayClient("http://gw.test/gateway", GATEWAY_SECRET, transport=httpx.MockTransport(answer))
-    await client.finish("a/1", AttemptOutcome(status=AttemptStatus.failed))
-    with pytest.raises(StoreUnavailableError, match="503: store down"):
-        await client.flush("a/1")
-    await client.aclose()
-    finish, flush = seen
-    assert str(finish.url) == "http://gw.test/gateway/r/a%2F1/finish"
-    assert finish.headers["authorization"] == f"Bearer {finish_token(GATEWAY_SECRET, 'a/1')}"
-    assert finish.content.startswith(b'{"outcome":{"status":"failed"')
-    assert finish.content.endswith(b',"spans":[]}')
-    assert flush.headers["authorization"] == f"Bearer {attempt_token(GATEWAY_SECRET, 'a/1')}"
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = GatewayClient(f"http://127.0.0.1:{port}/gateway", GATEWAY_SECRET)
+    try:
+        await client.finish("a/1", AttemptOutcome(status=AttemptStatus.failed))
+        with pytest.raises(StoreUnavailableError, match="503: store down"):
+            await client.flush("a/1")
+    finally:
+        await client.aclose()
+        server.close()
+    finish, flush = (request.partition(b"\r\n\r\n") for request in seen)
+    assert finish[0].split(b"\r\n")[0] == b"POST /gateway/r/a%2F1/finish HTTP/1.1"
+    assert f"Authorization: Bearer {finish_token(GATEWAY_SECRET, 'a/1')}".encode() in finish[0]
+    assert finish[2].startswith(b'{"outcome":{"status":"failed"')
+    assert finish[2].endswith(b',"spans":[]}')
+    assert f"Authorization: Bearer {attempt_token(GATEWAY_SECRET, 'a/1')}".encode() in flush[0]
 
 
 async def test_queued_finishes_fail_cleanly_when_the_gateway_is_gone() -> None:

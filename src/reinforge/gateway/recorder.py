@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from reinforge.errors import InvalidRequestError, PayloadTooLargeError
+from reinforge.retry import Backoff
 from reinforge.store.protocol import Store
 from reinforge.types import Span
 
@@ -160,7 +161,7 @@ class SpanRecorder:
             return None
 
     async def _write(self, batch: list[Span]) -> None:
-        delay = 0.05
+        retry = Backoff(0.05, max_s=self._max_retry_delay_s).start()
         while True:
             try:
                 await self._store.add_spans(batch)
@@ -188,8 +189,8 @@ class SpanRecorder:
             except Exception as exc:
                 # add_spans is idempotent by span_id, so retrying a half-applied batch is safe.
                 self.write_errors += 1
+                delay = retry.failed() or 0.0  # no budget: a lost LLM span is a lost sample
                 log.warning(
                     "writing %d spans to the store failed (%s); retrying in %.2fs", len(batch), exc, delay
                 )
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, self._max_retry_delay_s)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
@@ -140,33 +139,13 @@ class UpstreamBackend:
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._timeout = httpx.Timeout(timeout_s, connect=min(timeout_s, 10.0))
-        self._max_connections = max_connections
         # Absolute URLs built once: httpx then skips joining each call's path to the base URL.
         self._urls = {path: httpx.URL(self.base_url + path) for path in _ROUTES}
-        # The transport keeps connections per event loop: the gateway may be served from any thread.
-        # Plain calls go straight to it; streams through the client over the same transport.
+        # Every call, plain or streamed, goes straight to the transport. It keeps connections per
+        # event loop: the gateway may be served from any thread.
         self._direct = DirectSender(
             KeepAliveTransport(max_connections=max_connections), self._headers, self._timeout
         )
-        self._http = self._new_http()
-        self._http_lock = threading.Lock()
-
-    def _new_http(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=self._headers,
-            timeout=self._timeout,
-            transport=self._direct.transport,
-        )
-
-    def _client(self) -> httpx.AsyncClient:
-        http = self._http
-        if http.is_closed:  # closed by an earlier `aclose`: a gateway served again opens a fresh one
-            with self._http_lock:
-                if self._http.is_closed:
-                    self._http = self._new_http()
-                http = self._http
-        return http
 
     def serve_version(self, version: int, adapter: str | None = None) -> None:
         """Serve policy `version` from now on, through LoRA `adapter` (loaded on the server under that
@@ -177,7 +156,7 @@ class UpstreamBackend:
         self._versions_managed = True
 
     async def aclose(self) -> None:
-        await self._http.aclose()  # closes the transport's connections too (it stays usable)
+        await self._direct.transport.aclose()  # the transport stays usable: later calls reconnect
 
     def token_texts(self, ids: list[int]) -> list[str]:
         if self.tokenizer is not None:
@@ -214,14 +193,12 @@ class UpstreamBackend:
 
     async def _stream_lines(self, path: str, payload: dict[str, Any]) -> AsyncIterator[str]:
         try:
-            async with self._client().stream(
-                "POST", self._urls[path], content=json_codec.dumps(payload)
-            ) as response:
+            async with self._direct.stream("POST", self._urls[path], json_codec.dumps(payload)) as response:
                 if response.status_code >= 400:
                     self._raise_for(
-                        response.status_code, (await response.aread()).decode(errors="replace"), path
+                        response.status_code, (await response.read()).decode(errors="replace"), path
                     )
-                async for line in response.aiter_lines():
+                async for line in response.lines():
                     if line.startswith("data:"):
                         data = line[5:].strip()
                         if data == "[DONE]":

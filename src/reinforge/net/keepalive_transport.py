@@ -405,7 +405,7 @@ class Reply:
 
     Why not an `httpx.Response`: building one and reading a body that is already whole through its
     decoder chain cost the gateway as much per call as parsing the agent's request
-    (docs/benchmarks-spine.md, "Session 19").
+    (docs/benchmarks-spine.md, "where a call's time goes inside the gateway").
     """
 
     __slots__ = ("content", "headers", "status_code", "url")
@@ -433,20 +433,65 @@ class Reply:
         return f"<Reply [{self.status_code}] {self.url}>"
 
 
+class _Opened(NamedTuple):
+    """A reply's head, the part of its body already here, and the rest still to come (None: whole)."""
+
+    status: int
+    headers: list[tuple[bytes, bytes]]
+    first: bytes
+    rest: Any
+    """An async iterable of the body's remaining bytes, with `aclose()`; None when the body is whole."""
+
+
+class StreamedReply:
+    """A reply whose body is read as it arrives (server-sent events): `DirectSender.stream`'s answer."""
+
+    __slots__ = ("_opened", "headers", "status_code", "url")
+
+    def __init__(self, opened: _Opened, url: httpx.URL) -> None:
+        self._opened = opened
+        self.status_code = opened.status
+        self.headers = opened.headers
+        self.url = url
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        """The body's bytes as they arrive (as sent: a stream is not decompressed)."""
+        if self._opened.first:
+            yield self._opened.first
+        if self._opened.rest is not None:
+            async for chunk in self._opened.rest:
+                yield chunk
+
+    async def lines(self) -> AsyncIterator[str]:
+        """The body's lines as they complete, without their line ends."""
+        partial = b""
+        async for chunk in self.chunks():
+            *complete, partial = (partial + chunk).split(b"\n")
+            for line in complete:
+                yield line.rstrip(b"\r").decode("utf-8", errors="replace")
+        if partial:
+            yield partial.rstrip(b"\r").decode("utf-8", errors="replace")
+
+    async def read(self) -> bytes:
+        """The whole (rest of the) body."""
+        return b"".join([chunk async for chunk in self.chunks()])
+
+
 class DirectSender:
-    """Requests on a transport itself, for a client's fixed JSON routes (the hot ones).
+    """Requests on a `KeepAliveTransport` itself: every request of reinforge's own clients (the store
+    client, the upstream backend, the runner's gateway client) goes this one way.
 
     Why: `httpx.AsyncClient.send` spends more per call on its own machinery (cookie jar, auth flow,
     event hooks, redirect handling, URL merging, header models) than the exchange costs on a
     keep-alive connection (docs/benchmarks-history.md has the figures), and reinforge's clients
-    need none of it on their own routes. On a `KeepAliveTransport` and plain HTTP the request goes
-    out as bytes built here (the fixed headers encoded once); on any other transport (HTTPS,
-    `httpx.MockTransport` in tests) as an `httpx.Request`. Either way the answer is a `Reply` read
-    to its end, and failures are httpx's exceptions.
+    need none of it. A plain-HTTP request goes out as bytes built here (the fixed headers encoded
+    once); an HTTPS one as an `httpx.Request` through the transport, which hands it to httpx's own.
+    The answer is a `Reply` read to its end (`send`) or a `StreamedReply` (`stream`); failures are
+    httpx's exceptions.
     """
 
     def __init__(
-        self, transport: httpx.AsyncBaseTransport, headers: dict[str, str], timeout: httpx.Timeout
+        self, transport: KeepAliveTransport, headers: dict[str, str], timeout: httpx.Timeout
     ) -> None:
         self.transport = transport
         self._headers = dict(headers)
@@ -463,11 +508,50 @@ class DirectSender:
         timeout: httpx.Timeout | None = None,
     ) -> Reply:
         """Send one request and read its whole reply; `headers` add to (or replace) the fixed ones."""
+        status, raw_headers, data, rest = await self._open(method, url, body, headers, timeout)
+        if rest is not None:
+            try:
+                data += b"".join([chunk async for chunk in rest])
+            finally:
+                await rest.aclose()  # a read cut short closes the connection instead of keeping it busy
+        if _encoded(raw_headers):
+            data = httpx.Response(status, headers=raw_headers, content=data).content
+        return Reply(status, raw_headers, data, url)
+
+    @contextlib.asynccontextmanager
+    async def stream(
+        self,
+        method: str,
+        url: httpx.URL,
+        body: bytes | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: httpx.Timeout | None = None,
+    ) -> AsyncIterator[StreamedReply]:
+        """Send one request and read its reply as it arrives: `async with sender.stream(...) as reply`.
+        Leaving the block before the body ended closes the connection."""
+        opened = await self._open(method, url, body, headers, timeout)
+        try:
+            yield StreamedReply(opened, url)
+        finally:
+            if opened.rest is not None:
+                await opened.rest.aclose()
+
+    async def _open(
+        self,
+        method: str,
+        url: httpx.URL,
+        body: bytes | None,
+        headers: dict[str, str] | None,
+        timeout: httpx.Timeout | None,
+    ) -> _Opened:
         extensions = self._extensions if timeout is None else {"timeout": timeout.as_dict()}
         transport = self.transport
-        if not isinstance(transport, KeepAliveTransport) or url.scheme != "http":
+        if url.scheme != "http":
             merged = self._headers if headers is None else {**self._headers, **headers}
-            return await _send_as_request(transport, method, url, body, merged, extensions)
+            request = httpx.Request(method, url, headers=merged, content=body, extensions=extensions)
+            response = await transport.handle_async_request(request)
+            return _Opened(response.status_code, list(response.headers.raw), b"", response.stream)
         content = body or b""
         port = url.port or 80
         fixed = self._header_lines if headers is None else _header_lines({**self._headers, **headers})
@@ -478,16 +562,9 @@ class DirectSender:
         answer = await transport.send_wire(httpx, pool, url.host, port, wire, stand_in)
         body_in = answer.body
         if body_in.done and body_in.error is None:
-            data = body_in.take()  # the whole reply came with its head: the usual case
-        else:
-            rest = _stream_class(httpx)(body_in, answer.conn, pool, answer.timeout, stand_in)
-            try:
-                data = b"".join([chunk async for chunk in rest])
-            finally:
-                await rest.aclose()  # a read cut short closes the connection instead of keeping it busy
-        if _encoded(answer.headers):
-            data = httpx.Response(answer.status, headers=answer.headers, content=data).content
-        return Reply(answer.status, answer.headers, data, url)
+            return _Opened(answer.status, answer.headers, body_in.take(), None)  # the usual case
+        rest = _stream_class(httpx)(body_in, answer.conn, pool, answer.timeout, stand_in)
+        return _Opened(answer.status, answer.headers, body_in.take(), rest)
 
 
 def _header_lines(headers: dict[str, str]) -> bytes:
@@ -498,20 +575,3 @@ def _encoded(headers: list[tuple[bytes, bytes]]) -> bool:
     """Whether the body came compressed (`Content-Encoding` other than identity)."""
     value = _header_value(headers, b"content-encoding")
     return value is not None and value.strip().lower() not in (b"", b"identity")
-
-
-async def _send_as_request(
-    transport: httpx.AsyncBaseTransport,
-    method: str,
-    url: httpx.URL,
-    body: bytes | None,
-    headers: dict[str, str],
-    extensions: dict[str, Any],
-) -> Reply:
-    request = httpx.Request(method, url, headers=headers, content=body, extensions=extensions)
-    response = await transport.handle_async_request(request)
-    try:
-        await response.aread()
-    finally:
-        await response.aclose()
-    return Reply(response.status_code, list(response.headers.raw), response.content, url)

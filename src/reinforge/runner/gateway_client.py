@@ -32,7 +32,7 @@ from reinforge.types import AttemptOutcome, Span
 class GatewayClient:
     """Finishes and flushes attempts at the gateway `gateway_url` (signed with its `secret`).
 
-    `transport` replaces the keep-alive transport (tests pass `httpx.MockTransport`)."""
+    `transport` replaces the client's own keep-alive transport (to share one, or to watch the requests)."""
 
     def __init__(
         self,
@@ -40,12 +40,12 @@ class GatewayClient:
         secret: str,
         *,
         timeout_s: float = 60.0,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: KeepAliveTransport | None = None,
     ) -> None:
         self.gateway_url = gateway_url.rstrip("/")
         self._secret = secret
         self.timeout_s = timeout_s
-        # Straight to the transport: these are fixed JSON routes, called once or twice per attempt.
+        # Straight to the transport: fixed JSON routes, called once or twice per attempt.
         self._direct = DirectSender(
             transport or KeepAliveTransport(),
             {"Content-Type": "application/json"},

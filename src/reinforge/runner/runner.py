@@ -29,6 +29,7 @@ from reinforge.errors import (
     StaleAttemptError,
     StoreUnavailableError,
 )
+from reinforge.retry import Backoff
 from reinforge.runner.agent import Agent, AgentFunction, RolloutResult, as_agent
 from reinforge.runner.command import AgentProcessError, CommandAgent
 from reinforge.runner.frameworks import instrument_frameworks as hook_frameworks
@@ -200,7 +201,7 @@ class Runner:
         stop_wait: asyncio.Task[Any],
         max_rollouts: int | None,
     ) -> None:
-        backoff = 0.1
+        lease_retry = Backoff(0.1, max_s=5.0).start()
         loop = asyncio.get_running_loop()
         # Lease for several free slots at once when attempts end in quick succession (one store call
         # instead of several), but never leave a slot idle longer than `lease_batch_wait_s`.
@@ -240,11 +241,11 @@ class Runner:
             try:
                 leased = lease.result()
             except StoreUnavailableError as e:
-                log.warning("leasing failed (%s); retrying in %.1fs", e, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                delay = lease_retry.failed() or 0.0  # the lease back-off has no budget: never None
+                log.warning("leasing failed (%s); retrying in %.1fs", e, delay)
+                await asyncio.sleep(delay)
                 continue
-            backoff = 0.1
+            lease_retry.succeeded()
             if leased and self.on_lease is not None:
                 self.on_lease(leased)
             if leased:
@@ -482,12 +483,9 @@ class Runner:
         self, attempt_id: str, outcome: AttemptOutcome, send: Callable[[], Awaitable[None]]
     ) -> None:
         """Send a finish, retrying while the store or gateway is unavailable; count the result."""
-        backoff = 0.1
-        loop = asyncio.get_running_loop()
-        give_up_at = loop.time() + FINISH_RETRY_S  # a hung gateway times out each try: bound the total
-        for _ in range(self._report_tries):
-            if loop.time() > give_up_at:
-                break
+        # A hung gateway times out each try: `within_s` bounds the total.
+        retry = Backoff(0.1, tries=self._report_tries, within_s=FINISH_RETRY_S).start()
+        while True:
             try:
                 await send()
             except (StaleAttemptError, NotFoundError) as e:
@@ -495,9 +493,11 @@ class Runner:
                 log.info("attempt %s finished too late: %s", attempt_id, e)
                 return
             except StoreUnavailableError as e:
+                delay = retry.failed()
+                if delay is None:
+                    break
                 log.warning("finishing %s failed (%s); retrying", attempt_id, e)
-                await asyncio.sleep(backoff)
-                backoff *= 2
+                await asyncio.sleep(delay)
                 continue
             if outcome.status == AttemptStatus.succeeded:
                 self.stats.succeeded += 1

@@ -15,10 +15,13 @@ import logging
 import threading
 
 from reinforge.errors import InvalidRequestError
+from reinforge.retry import Backoff
 from reinforge.store.protocol import Store
 from reinforge.types import Span
 
 log = logging.getLogger(__name__)
+
+_WRITE_BACKOFF = Backoff(0.05, max_s=5.0)
 
 
 class SpanWriter:
@@ -151,7 +154,7 @@ class SpanWriter:
 
     async def _run(self) -> None:
         assert self._wake is not None
-        backoff = 0.05
+        retry = _WRITE_BACKOFF.start()
         while True:
             await self._wake.wait()
             self._wake.clear()
@@ -160,11 +163,11 @@ class SpanWriter:
             try:
                 while self.pending:
                     await self._write_pending()
-                backoff = 0.05
+                retry.succeeded()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("writing spans to the store failed (%s); retrying in %.2fs", exc, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                delay = retry.failed() or 0.0  # no budget: the writer never gives up on its spans
+                log.warning("writing spans to the store failed (%s); retrying in %.2fs", exc, delay)
+                await asyncio.sleep(delay)
                 self._wake.set()

@@ -1,8 +1,8 @@
 """`HttpStoreClient`: the `Store` protocol over HTTP, so user code can't tell local from remote.
 
 The server's error envelope is turned back into the same `reinforge.errors` class a local store
-raises; network failures become `StoreUnavailableError`. One `httpx.AsyncClient` on reinforge's
-keep-alive transport serves every call, from any event loop. Waits longer than the server allows
+raises; network failures become `StoreUnavailableError`. Every call goes one way: a `DirectSender`
+on reinforge's keep-alive transport, from any event loop. Waits longer than the server allows
 per call are split into several calls, each with an HTTP timeout longer than its wait.
 """
 
@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import threading
 import time
 from collections.abc import Sequence
 from typing import Any, TypeVar
@@ -23,6 +22,7 @@ from pydantic_core import PydanticSerializationError
 
 from reinforge import errors
 from reinforge.net.keepalive_transport import DirectSender, KeepAliveTransport, Reply
+from reinforge.retry import Backoff, Retrying
 from reinforge.store.http.adapters import (
     ADDED,
     ATTEMPT,
@@ -80,6 +80,7 @@ _FIXED_ROUTES = (
     "/store/resources",
     "/store/resources/latest",
     "/store/counters",
+    "/health",
 )
 
 _ERRORS_BY_NAME: dict[str, type[errors.ReinforgeError]] = {
@@ -144,7 +145,7 @@ class HttpStoreClient:
         connect_retries: int = 5,
         restart_window_s: float = 30.0,
         max_connections: int = 64,
-        transport: httpx.AsyncBaseTransport | None = None,
+        transport: KeepAliveTransport | None = None,
     ) -> None:
         resolved = resolve_client_token(token)
         if not resolved:
@@ -155,43 +156,23 @@ class HttpStoreClient:
         self.base_url = base_url.rstrip("/")
         self._token = resolved
         self._timeout = timeout_seconds
-        self._connect_retries = connect_retries
-        self._restart_window_s = restart_window_s
+        # Until the server answered once, a wrong URL fails after `connect_retries` re-sends; from
+        # then on a restart is ridden over for `restart_window_s`.
+        self._connect_backoff = Backoff(0.1, max_s=2.0, tries=connect_retries + 1)
+        self._restart_backoff = Backoff(0.1, max_s=2.0, within_s=restart_window_s)
         self._reached = False  # set once any call got an answer: from then on a restart is ridden over
         self._retrying = True
-        self._max_connections = max_connections
-        self._transport = transport
         # Absolute URLs built once for the routes without ids in them: httpx then skips joining
         # each call's path to the base URL.
         self._fixed_urls = {path: httpx.URL(self.base_url + path) for path in _FIXED_ROUTES}
-        # The transport keeps connections per event loop: one client serves the trainer's loop and
-        # the gateway's thread alike. `max_connections` bounds each loop's connections. The store's
-        # routes go straight to it (`DirectSender`); the client over it serves the rest.
-        self._headers = {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"}
+        # Every call goes straight to the transport (`DirectSender`). It keeps connections per event
+        # loop: one client serves the trainer's loop and the gateway's thread alike, and
+        # `max_connections` bounds each loop's connections.
         self._direct = DirectSender(
-            self._transport or KeepAliveTransport(max_connections=self._max_connections),
-            self._headers,
+            transport or KeepAliveTransport(max_connections=max_connections),
+            {"Authorization": f"Bearer {self._token}", "Content-Type": "application/json"},
             httpx.Timeout(self._timeout, connect=10.0),
         )
-        self._http = self._new_http()
-        self._http_lock = threading.Lock()
-
-    def _new_http(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(
-            base_url=self.base_url,
-            headers=self._headers,
-            timeout=httpx.Timeout(self._timeout, connect=10.0),
-            transport=self._direct.transport,
-        )
-
-    def _client(self) -> httpx.AsyncClient:
-        http = self._http
-        if http.is_closed:  # closed earlier: a later call opens a fresh one, as a new client would
-            with self._http_lock:
-                if self._http.is_closed:
-                    self._http = self._new_http()
-                http = self._http
-        return http
 
     async def __aenter__(self) -> HttpStoreClient:
         return self
@@ -236,9 +217,8 @@ class HttpStoreClient:
         # A long-poll may legitimately take `wait_seconds`; the read timeout must outlast it.
         timeout = httpx.Timeout(self._timeout + wait_seconds, connect=10.0) if wait_seconds else None
         url = self._fixed_urls.get(path) or httpx.URL(self.base_url + path)
-        attempt = 0
+        retry: Retrying | None = None  # started at the first failure: nothing to pay on the usual path
         resent = False
-        give_up_at = time.monotonic() + self._restart_window_s
         while True:
             try:
                 response = await self._direct.send(method, url, content, timeout=timeout)
@@ -247,13 +227,14 @@ class HttpStoreClient:
                 # A refused connection never reached the server, so any call may be re-sent; a call
                 # cut off later may have been applied, so only calls that are safe twice are re-sent.
                 refused = isinstance(exc, httpx.ConnectError)
-                retry = refused or (idempotent and not isinstance(exc, httpx.TimeoutException))
-                more = attempt < self._connect_retries or (self._reached and time.monotonic() < give_up_at)
-                if not retry or not more or not self._retrying:
+                safe = refused or (idempotent and not isinstance(exc, httpx.TimeoutException))
+                if retry is None:
+                    retry = (self._restart_backoff if self._reached else self._connect_backoff).start()
+                delay = retry.failed()
+                if not safe or delay is None or not self._retrying:
                     raise self._unavailable(method, path, exc) from exc
                 resent = resent or not refused
-                await asyncio.sleep(min(2.0, 0.1 * 2**attempt))
-                attempt += 1
+                await asyncio.sleep(delay)
         self._reached = True
         return response, resent
 
@@ -400,14 +381,15 @@ class HttpStoreClient:
     async def health(self) -> bool:
         """True when the server answers its health probe."""
         try:
-            response = await self._client().get("/health")
+            response = await self._direct.send("GET", self._fixed_urls["/health"])
         except httpx.TransportError:
             return False
         return response.status_code == 200
 
     async def close(self) -> None:
-        """Close this loop's connections, and ask any other loop still running to close its own."""
-        await self._http.aclose()
+        """Close this loop's connections, and ask any other loop still running to close its own (the
+        client stays usable: a later call opens fresh ones)."""
+        await self._direct.transport.aclose()
 
 
 def _non_negative(name: str, value: float) -> float:

@@ -61,19 +61,23 @@ async def switch_with_retries(
     sync: WeightSync, staged: StagedWeights, *, retries: int, delay_s: float
 ) -> None:
     """`sync.switch(staged)`, tried `retries` more times after a failure before giving up."""
-    for attempt in range(retries + 1):
+    from reinforge.retry import Backoff
+
+    retry = Backoff(delay_s, factor=1.0, tries=retries + 1).start()
+    while True:
         try:
             await sync.switch(staged)
             return
         except WeightSyncError as exc:
-            if attempt == retries:
+            delay = retry.failed()
+            if delay is None:
                 raise
             log.warning(
                 "weight sync to version %d failed (%s); retry %d of %d in %.1fs",
                 staged.version,
                 exc,
-                attempt + 1,
+                retry.failures,
                 retries,
-                delay_s,
+                delay,
             )
-            await asyncio.sleep(delay_s)
+            await asyncio.sleep(delay)
