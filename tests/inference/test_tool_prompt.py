@@ -54,7 +54,8 @@ def test_the_default_form_of_a_tool_conversation(smollm2: Any) -> None:
     schema = json.dumps(CALCULATOR_TOOL)
     assert text == (
         "<|im_start|>system\n"
-        "You can call functions to help with the request. Their JSON schemas are within <tools></tools> tags:\n"
+        "You can call functions to help with the request. "
+        "Their JSON schemas are within <tools></tools> tags:\n"
         f"<tools>\n{schema}\n</tools>\n"
         "To call a function, reply with its name and arguments as a JSON object within "
         "<tool_call></tool_call> tags:\n"
@@ -129,7 +130,7 @@ def generated_ids(tokenizer: Any, text: str) -> list[int]:
     ids: list[int] = []
     for part in text.split("\x00"):
         ids += tokenizer(part, add_special_tokens=False)["input_ids"]
-    return ids + [tokenizer.eos_token_id]
+    return [*ids, tokenizer.eos_token_id]
 
 
 def test_a_multi_turn_tool_conversation_keeps_every_generated_turn_with_the_real_bpe(smollm2: Any) -> None:
@@ -139,7 +140,8 @@ def test_a_multi_turn_tool_conversation_keeps_every_generated_turn_with_the_real
     # Completions with a text before the call (split from it by the BPE), key order and spacing of
     # the model's own: the default form re-spells each of them.
     completions = [
-        'Let me compute.\x00<tool_call>{"arguments": {"expression":"417*23"}, "name": "calculator"}</tool_call>',
+        "Let me compute.\x00"
+        '<tool_call>{"arguments": {"expression":"417*23"}, "name": "calculator"}</tool_call>',
         '<tool_call>{"name":"calculator","arguments":{"expression":"9591+9"}}</tool_call>',
         "ANSWER: 9600",
     ]
