@@ -5,16 +5,19 @@ give transitions whose calls all merge (merge rate 1.0) with no history turn lef
 The scripted backend writes each reply as a model does (its text and its tool-call markup tokenized
 apart, then EOS), and renders prompts through `ChatRenderer` like the engine: tools in the default
 form, the policy's earlier turns as the ids it generated. Both agents send their calls back
-re-serialised (the demo compacts the arguments, LangChain re-dumps them with spaces).
+re-serialised (the demo compacts the arguments, LangChain re-dumps them with spaces). The Anthropic
+Messages and OpenAI Responses tool loops get the same default form and merge the same way.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from reinforge.access import attempt_token
 from reinforge.credit import CreditConfig, CreditMetrics, build_transitions
 from reinforge.demo.agent import TOOL_ERROR_TEXT, calc_agent, parse_answer
 from reinforge.demo.calculator import calculate
@@ -23,7 +26,14 @@ from reinforge.inference import GenerationRequest, ScriptedBackend, ScriptedRepl
 from reinforge.net.background import BackgroundServer
 from reinforge.runner import LLM, Runner, agent
 from reinforge.store.memory import MemoryStore
-from reinforge.types import AttemptQuery, RolloutSpec, RolloutStatus, SpanQuery
+from reinforge.types import (
+    AttemptOutcome,
+    AttemptQuery,
+    AttemptStatus,
+    RolloutSpec,
+    RolloutStatus,
+    SpanQuery,
+)
 
 from .conftest import SECRET, Stack
 
@@ -126,3 +136,87 @@ async def test_a_langgraph_agent_merges_every_call_with_the_real_bpe(serve_smoll
     pytest.importorskip("langchain_openai")
     stack = serve_smollm2(compact_json=True)  # LangChain sends the arguments back with spaces
     assert_token_faithful(await run_rollouts(stack, langgraph_calc_agent), stack.backend)
+
+
+SCHEMA = {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}
+
+
+async def anthropic_turns(url: str, attempt_id: str, key: str) -> None:
+    """A tool loop with the Anthropic SDK: a tool_use, its tool_result, the answer."""
+    import anthropic
+
+    base = f"{url}/r/{attempt_id}"
+    client = anthropic.AsyncAnthropic(base_url=base, api_key=key, max_retries=0)
+    tools = [{"name": "calculator", "description": "Compute a op b", "input_schema": SCHEMA}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": TASKS[0]["question"]}]
+    try:
+        for _ in range(3):
+            reply = await client.messages.create(
+                model="policy",
+                max_tokens=64,
+                tools=tools,
+                messages=messages,  # type: ignore[arg-type]
+            )
+            messages.append({"role": "assistant", "content": reply.content})
+            uses = [b for b in reply.content if b.type == "tool_use"]
+            if not uses:
+                return
+            results = [
+                {"type": "tool_result", "tool_use_id": u.id, "content": str(calculate(**u.input))}
+                for u in uses
+            ]  # type: ignore[arg-type]
+            messages.append({"role": "user", "content": results})
+    finally:
+        await client.close()
+
+
+async def responses_turns(url: str, attempt_id: str, key: str) -> None:
+    """A tool loop with the OpenAI Responses API: a function_call, its output, the answer."""
+    import openai
+
+    base = f"{url}/r/{attempt_id}/v1"
+    client = openai.AsyncOpenAI(base_url=base, api_key=key, max_retries=0)
+    tools = [
+        {"type": "function", "name": "calculator", "description": "Compute a op b", "parameters": SCHEMA}
+    ]
+    items: list[dict[str, Any]] = [{"role": "user", "content": TASKS[0]["question"]}]
+    try:
+        for _ in range(3):
+            reply = await client.responses.create(model="policy", input=items, tools=tools)  # type: ignore[arg-type]
+            calls = [o for o in reply.output if o.type == "function_call"]
+            if not calls:
+                return
+            items += [
+                o.model_dump(exclude_none=True) for o in reply.output
+            ]  # text and calls, as the SDK shows
+            for call in calls:
+                output = str(calculate(json.loads(call.arguments)["expression"]))
+                items.append({"type": "function_call_output", "call_id": call.call_id, "output": output})
+    finally:
+        await client.close()
+
+
+@pytest.mark.parametrize("turns", [anthropic_turns, responses_turns], ids=["anthropic", "responses"])
+async def test_anthropic_and_responses_tool_loops_get_the_default_form_and_merge(turns: Any) -> None:
+    from gateway.conftest import SECRET as GATEWAY_SECRET
+    from gateway.conftest import running_attempt, serve
+    from inference.real_tokenizer import smollm2_tokenizer
+
+    backend = ScriptedBackend(smollm2_tokenizer(), two_calls_then_answer)
+    for served in serve(backend):
+        leased = await running_attempt(served.store, TASKS[0])
+        attempt_id = leased.attempt.attempt_id
+        await turns(served.url, attempt_id, attempt_token(GATEWAY_SECRET, attempt_id))
+        await served.gateway.flush(attempt_id)
+        await served.store.finish_attempt(
+            attempt_id, AttemptOutcome(status=AttemptStatus.succeeded, reward=1.0)
+        )
+        (rollout,) = await served.store.wait_for_rollouts([leased.rollout.rollout_id], 10.0)
+        spans = (await served.store.query_spans(SpanQuery(attempt_id=attempt_id, limit=1000))).items
+        _, metrics = build_transitions(rollout, spans, CreditConfig(mode="merged"))
+        assert (metrics.calls, metrics.transitions, metrics.merge_mismatches) == (3, 1, 0)
+        assert (metrics.as_dict()["credit/merge_rate"], metrics.history_unmatched) == (1.0, 0)
+        last = backend.requests[-1]
+        text = backend.decode(backend.prompt_ids(last))
+        assert '<tools>\n{"type": "function", "function": {"name": "calculator"' in text
+        assert text.count("<tool_call>{") == 3 and text.count("<tool_response>\n") == 2
