@@ -455,8 +455,8 @@ def _responses_messages(body: ResponsesBody) -> list[dict[str, Any]]:
                 "function": {"name": item.get("name"), "arguments": item.get("arguments", "")},
             }
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant" and "tool_calls" in last:
-                last["tool_calls"].append(call)
+            if last is not None and last["role"] == "assistant":  # a turn's text and calls: one message
+                last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":

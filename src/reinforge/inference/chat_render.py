@@ -8,6 +8,10 @@ training sees a history off the model's own distribution. So each turn the polic
 (`GenerationRequest.generated_turns`) is cut out of the rendered text and its generated ids go in
 its place. Where the template already spells every such turn as generated (the usual case), the
 prompt is the plain rendering.
+
+A template that renders no tools (SmolLM2's ChatML) gets the tools, tool calls and tool results
+written into the messages in one default form (`inference.tool_prompt`), so every backend that
+renders through here serves tools the same way.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from reinforge.errors import InvalidRequestError
+from reinforge.inference.tool_prompt import has_tool_content, template_renders_tools, tools_as_text
 
 if TYPE_CHECKING:  # transformers is imported by whoever holds a tokenizer, not by the gateway's imports
     from transformers import PreTrainedTokenizerBase
@@ -29,6 +34,15 @@ class ChatRenderer:
         eos = tokenizer.eos_token_id
         self.stop_ids = {*stop_ids, *([eos] if isinstance(eos, int) else [])}
         """Tokens a generated turn ends on that the template writes too: where a kept turn ends."""
+        self._renders_tools: bool | None = None
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the chat template renders tools itself (probed once); if not, `render` writes
+        them into the messages in the default form."""
+        if self._renders_tools is None:
+            self._renders_tools = template_renders_tools(self.tokenizer)
+        return self._renders_tools
 
     def render(
         self,
@@ -44,6 +58,9 @@ class ChatRenderer:
             if not isinstance(m, dict) or not isinstance(m.get("role"), str):
                 raise InvalidRequestError(f"messages[{i}] needs a string 'role'")
         template_tools: list[Any] | None = list(tools) if tools else None
+        if has_tool_content(messages, tools) and not self.renders_tools:
+            messages, generated = tools_as_text(messages, tools, generated)
+            template_tools = None
         try:
             text = self._template(messages, template_tools, generation_prompt=True)
         except Exception as exc:  # jinja raises many types; all mean the messages don't fit the template

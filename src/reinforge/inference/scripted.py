@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field
 
 from reinforge.errors import InvalidRequestError
+from reinforge.inference.chat_render import ChatRenderer
 from reinforge.inference.contract import (
     FinishReason,
     GenerationRequest,
@@ -59,7 +60,8 @@ class _Tokenizer(Protocol):
 class ScriptedBackend:
     """Replies in order (cycling), or from `replies(request)` when given a function.
 
-    `tokenizer` is a `transformers` tokenizer (its chat template renders chat prompts) or a raw
+    `tokenizer` is a `transformers` tokenizer (its chat template renders chat prompts, through
+    `ChatRenderer` like the embedded engine's) or a raw
     `tokenizers.Tokenizer` (chat prompts are rendered as `<|role|>content</s>`). Set `policy_version`
     to simulate a weight update; `delay_s` holds each generation that long (for pause/drain tests).
     `compact_json` writes tool calls without spaces, as reinforge's chat template renders them: traces
@@ -85,7 +87,13 @@ class ScriptedBackend:
         self._replies = replies
         self._separators = (",", ":") if compact_json else (", ", ": ")
         self._next = 0
-        self._hf = hasattr(tokenizer, "apply_chat_template")
+        self._renderer = (
+            ChatRenderer(tokenizer)
+            if hasattr(tokenizer, "apply_chat_template") and getattr(tokenizer, "chat_template", None)
+            else None
+        )
+        """Renders chat prompts as the engine does: the policy's own turns kept as their ids, tools
+        in the default form where the template renders none."""
         eos = getattr(tokenizer, "eos_token_id", None)
         self._eos: int | None = eos if isinstance(eos, int) else None
         self.requests: list[GenerationRequest] = []
@@ -108,13 +116,10 @@ class ScriptedBackend:
         if request.prompt is not None:
             return list(request.prompt) if isinstance(request.prompt, list) else self.encode(request.prompt)
         messages = request.messages or []
-        if self._hf and getattr(self.tokenizer, "chat_template", None):
-            text = self.tokenizer.apply_chat_template(
-                messages, tools=request.tools, add_generation_prompt=True, tokenize=False
-            )
-        else:
-            text = "".join(f"<|{m['role']}|>{m.get('content') or ''}</s>" for m in messages) + "<|assistant|>"
-        return self.encode(str(text))
+        if self._renderer is not None and messages:
+            return self._renderer.render(messages, request.tools, request.generated_turns)
+        text = "".join(f"<|{m['role']}|>{m.get('content') or ''}</s>" for m in messages) + "<|assistant|>"
+        return self.encode(text)
 
     # -- generation -------------------------------------------------------------------------------
 
