@@ -77,7 +77,9 @@ async def test_the_stored_reward_follows_the_rule_for_each_source(
     if posted is not None:
         caller = await gateway.admit(attempt_id, gateway.keys.token_for(attempt_id))
         await gateway.record_reward(caller, posted[0], posted[1], None)
-    spans = [] if emitted is None else [_final_span(rollout_id, attempt_id, emitted[0], time.time() + emitted[1])]
+    spans = (
+        [] if emitted is None else [_final_span(rollout_id, attempt_id, emitted[0], time.time() + emitted[1])]
+    )
     outcome = AttemptOutcome(status=AttemptStatus.succeeded, reward=returned)
     rollout = await gateway.finish_attempt(attempt_id, outcome, spans)
     assert rollout.reward == expected
