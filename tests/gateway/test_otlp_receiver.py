@@ -627,3 +627,22 @@ async def test_a_flood_waits_for_its_own_spans_and_leaves_the_queue_to_llm_calls
         assert response.status_code == 200
         assert len(await served.spans(flood)) == 400
         assert [s.name for s in (await served.spans(calm)).values()] == [semconv.SPAN_LLM_CALL]
+
+
+async def test_a_final_reward_span_sent_over_otlp_is_the_attempt_s_reward(served: Served) -> None:
+    leased = await running_attempt(served.store)
+    attempt_id = leased.attempt.attempt_id
+    start = time.time()
+    final = otlp_span(
+        b"\x00\x00\x00\x00\x00\x00\x00\x07",
+        semconv.SPAN_FINAL_REWARD,
+        start,
+        attributes={semconv.ATTR_STEP_KIND: semconv.STEP_REWARD, semconv.ATTR_REWARD_VALUE: 0.8},
+    )
+    response = served.post(
+        attempt_id, export(final).SerializeToString(), served.headers(attempt_id, **PROTOBUF)
+    )
+    assert response.status_code == 200
+    succeeded = AttemptOutcome(status=AttemptStatus.succeeded)
+    rollout = await served.gateway.finish_attempt(attempt_id, succeeded)
+    assert rollout.reward == 0.8

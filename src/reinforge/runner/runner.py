@@ -4,8 +4,8 @@ One `Runner` runs up to `concurrency` attempts at once on one event loop (sync a
 pool). For each attempt it heartbeats the lease, stops the agent when the store cancels or supersedes
 the attempt, enforces the timeout, and finishes it through the gateway: one request carries the
 attempt's own spans (tool spans, reported final rewards; see `AttemptSpanBuffer`), and the gateway
-finishes the attempt only once every span of it is in the store. The store does the retrying: a failed retryable
-attempt, or a lease that expired because a runner died, is leased again.
+finishes the attempt only once every span of it is in the store. The store does the retrying: a
+failed retryable attempt, or a lease that expired because a runner died, is leased again.
 """
 
 from __future__ import annotations
