@@ -217,11 +217,13 @@ def test_a_timeout_reported_both_as_span_and_as_attempt_error_is_charged_once() 
     assert metrics.air_signals == {"timeout": 1}
 
 
-def test_final_reward_span_is_preferred_and_missing_reward_is_counted() -> None:
+def test_the_final_reward_is_the_stored_one_only_and_a_missing_one_is_counted() -> None:
+    # A final-reward span is a trace event: the gateway already folded it into rollout.reward.
     spans = [*episode(), reward_span(1.0, t=103.0, final=True)]
+    transitions, metrics = build_transitions(rollout(reward=0.25), spans, CreditConfig())
+    assert {t.final_reward for t in transitions} == {0.25} and metrics.missing_final_reward == 0
+    assert metrics.credit_dropped == 0 and all(t.reward_sources == {"equal": 0.25} for t in transitions)
     transitions, metrics = build_transitions(rollout(reward=None), spans, CreditConfig())
-    assert transitions[0].final_reward == 1.0 and metrics.missing_final_reward == 0
-    transitions, metrics = build_transitions(rollout(reward=None), episode(), CreditConfig())
     assert transitions[0].final_reward == 0.0 and metrics.missing_final_reward == 1
 
 

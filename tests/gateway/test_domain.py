@@ -28,12 +28,12 @@ async def test_the_domain_object_takes_values_not_requests(tokenizer: Any) -> No
     store = MemoryStore()
     gateway = Gateway(store, ScriptedBackend(tokenizer, ["It is 5."]), SECRET)
     attempt_id = (await running_attempt(store)).attempt.attempt_id
-    token = gateway.token_for(attempt_id)
+    token = gateway.keys.token_for(attempt_id)
     with pytest.raises(GatewayHTTPError) as refused:
         await gateway.admit(attempt_id, "wrong")
     assert refused.value.http_status == 401 and refused.value.code == "invalid_api_key"
     with pytest.raises(GatewayHTTPError) as unknown:
-        await gateway.admit("no-such-attempt", gateway.token_for("no-such-attempt"))
+        await gateway.admit("no-such-attempt", gateway.keys.token_for("no-such-attempt"))
     assert unknown.value.http_status == 404
 
     caller = await gateway.admit(attempt_id, token, agent="planner", traceparent=PARENT)
@@ -62,7 +62,7 @@ async def test_prepare_copies_the_request_only_when_it_changes(tokenizer: Any) -
     store = MemoryStore()
     gateway = Gateway(store, ScriptedBackend(tokenizer, ["It is 5."]), SECRET)
     attempt_id = (await running_attempt(store)).attempt.attempt_id
-    caller = await gateway.admit(attempt_id, gateway.token_for(attempt_id))
+    caller = await gateway.admit(attempt_id, gateway.keys.token_for(attempt_id))
     request = GenerationRequest(messages=[{"role": "user", "content": "2+3?"}])
     same, restored = gateway.prepare(caller, request)
     assert same is request and restored is not None and restored.unmatched == 0
@@ -88,7 +88,7 @@ async def test_prepare_copies_the_request_only_when_it_changes(tokenizer: Any) -
     assert copied.messages is not None and copied.messages[-1]["content"] == "It is 5."
     assert copied.generated_turns == {1: result.completion_token_ids}
     named, _ = gateway.prepare(
-        await gateway.admit(attempt_id, gateway.token_for(attempt_id), agent="solver"), request
+        await gateway.admit(attempt_id, gateway.keys.token_for(attempt_id), agent="solver"), request
     )
     assert named is not request and named.adapter == "solver" and request.adapter is None
     await gateway.close()
@@ -141,10 +141,10 @@ async def test_a_held_call_is_prepared_before_it_waits_and_a_free_one_is_not(tok
     free, held = await running_attempt(store), await running_attempt(store)
     gateway.hold_rollouts([held.rollout.rollout_id], version=1)
     request = GenerationRequest(messages=[{"role": "user", "content": "2+3?"}])
-    caller = await gateway.admit(free.attempt.attempt_id, gateway.token_for(free.attempt.attempt_id))
+    caller = await gateway.admit(free.attempt.attempt_id, gateway.keys.token_for(free.attempt.attempt_id))
     await gateway.wait_for_policy(caller, request)
     assert backend.prepared == []
-    caller = await gateway.admit(held.attempt.attempt_id, gateway.token_for(held.attempt.attempt_id))
+    caller = await gateway.admit(held.attempt.attempt_id, gateway.keys.token_for(held.attempt.attempt_id))
     waiting = asyncio.create_task(gateway.wait_for_policy(caller, request))
     await asyncio.sleep(0.01)
     assert backend.prepared == [request] and not waiting.done()
@@ -164,7 +164,7 @@ async def test_a_new_format_is_one_adapter_on_the_same_serving_path(
     with BackgroundServer(app) as server:
         attempt_id = (await running_attempt(store)).attempt.attempt_id
         gateway: Gateway = app.state.gateway
-        headers = {"Authorization": f"Bearer {gateway.token_for(attempt_id)}"}
+        headers = {"Authorization": f"Bearer {gateway.keys.token_for(attempt_id)}"}
         async with httpx.AsyncClient(base_url=f"{server.url}/r/{attempt_id}/v1", headers=headers) as http:
             plain = await http.post("/echo", json={"say": "hi"})
             streamed = await http.post("/echo", json={"say": "hi", "stream": True})

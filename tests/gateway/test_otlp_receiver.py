@@ -66,7 +66,7 @@ class Served:
     gateway: Gateway
 
     def headers(self, attempt_id: str, **more: str) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.gateway.token_for(attempt_id)}", **more}
+        return {"Authorization": f"Bearer {self.gateway.keys.token_for(attempt_id)}", **more}
 
     def post(self, attempt_id: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
         return httpx.post(f"{self.url}/r/{attempt_id}/v1/traces", content=body, headers=headers, timeout=10)
@@ -373,7 +373,7 @@ async def test_a_failed_tool_span_is_an_air_signal_for_the_llm_call_before_it(se
     attempt_id = leased.attempt.attempt_id
     async with openai.AsyncOpenAI(
         base_url=f"{served.url}/r/{attempt_id}/v1",
-        api_key=served.gateway.token_for(attempt_id),
+        api_key=served.gateway.keys.token_for(attempt_id),
         max_retries=0,
     ) as client:
         await client.chat.completions.create(model="p", messages=[{"role": "user", "content": "2+3?"}])
@@ -613,7 +613,7 @@ async def test_a_flood_waits_for_its_own_spans_and_leaves_the_queue_to_llm_calls
         # The store is stuck and the flood is waiting; another attempt's LLM call still gets through.
         async with openai.AsyncOpenAI(
             base_url=f"{served.url}/r/{calm}/v1",
-            api_key=served.gateway.token_for(calm),
+            api_key=served.gateway.keys.token_for(calm),
             max_retries=0,
             timeout=5,
         ) as client:
@@ -627,3 +627,22 @@ async def test_a_flood_waits_for_its_own_spans_and_leaves_the_queue_to_llm_calls
         assert response.status_code == 200
         assert len(await served.spans(flood)) == 400
         assert [s.name for s in (await served.spans(calm)).values()] == [semconv.SPAN_LLM_CALL]
+
+
+async def test_a_final_reward_span_sent_over_otlp_is_the_attempt_s_reward(served: Served) -> None:
+    leased = await running_attempt(served.store)
+    attempt_id = leased.attempt.attempt_id
+    start = time.time()
+    final = otlp_span(
+        b"\x00\x00\x00\x00\x00\x00\x00\x07",
+        semconv.SPAN_FINAL_REWARD,
+        start,
+        attributes={semconv.ATTR_STEP_KIND: semconv.STEP_REWARD, semconv.ATTR_REWARD_VALUE: 0.8},
+    )
+    response = served.post(
+        attempt_id, export(final).SerializeToString(), served.headers(attempt_id, **PROTOBUF)
+    )
+    assert response.status_code == 200
+    succeeded = AttemptOutcome(status=AttemptStatus.succeeded)
+    rollout = await served.gateway.finish_attempt(attempt_id, succeeded)
+    assert rollout.reward == 0.8

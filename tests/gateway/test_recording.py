@@ -197,7 +197,7 @@ async def test_calls_of_held_rollouts_wait_for_their_policy_version(tokenizer: A
         held = await running_attempt(served.store)
         dropped = await running_attempt(served.store)
         gateway.hold_rollouts([held.rollout.rollout_id, dropped.rollout.rollout_id], version=1)
-        assert gateway.held == 2
+        assert gateway.holds.held == 2
 
         def call(leased: Any, served: Served = served) -> asyncio.Task[Any]:
             client = served.client(leased.attempt.attempt_id)
@@ -218,7 +218,7 @@ async def test_calls_of_held_rollouts_wait_for_their_policy_version(tokenizer: A
         backend.policy_version = 1  # what the trainer publishes before releasing the version
         gateway.release_version(1)
         assert (await asyncio.wait_for(waiting, 5)).choices[0].message.content == "ok"
-        assert gateway.held == 0
+        assert gateway.holds.held == 0
         await gateway.flush()
         spans = (await served.store.query_spans(SpanQuery(attempt_id=held.attempt.attempt_id))).items
         assert [s.attributes[semconv.ATTR_POLICY_VERSION] for s in spans] == [1]

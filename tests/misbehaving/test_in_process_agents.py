@@ -77,10 +77,10 @@ async def test_flood_of_spans_is_capped_and_recorded(tokenizer: Any) -> None:
         rollout, attempt = await _run(stack, {"kind": "flood_spans", "spans": 500}, max_spans_per_attempt=100)
         spans = await stack.store.query_spans(SpanQuery(attempt_id=attempt.attempt_id, limit=1000))
     assert rollout.status is RolloutStatus.failed
-    # 500 tool steps and the agent's own span: 100 kept, 401 dropped.
+    # 500 tool steps: 100 kept, 400 dropped (the returned reward is the outcome's, not a span).
     assert attempt.error == (
         "the agent recorded more than 100 spans in one attempt (Runner's max_spans_per_attempt); "
-        "401 were dropped"
+        "400 were dropped"
     )
     assert len([s for s in spans.items if s.name.startswith("step ")]) == 100
 
@@ -110,7 +110,7 @@ async def test_call_after_the_attempt_ended_is_refused_and_not_recorded(tokenize
         after = await stack.store.get_rollout(rollout.rollout_id)
     assert late.status_code == 409 and reward.status_code == 409
     assert "is succeeded, not running" in late.json()["error"]["message"]
-    assert [span.name for span in before.items] == ["reinforge.final_reward"]  # what the runner recorded
+    assert before.items == [] and rollout.reward == 1.0  # the returned reward is the outcome's
     assert spans.items == before.items and after.reward == 1.0
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
+from reinforge.semconv import SPAN_FINAL_REWARD
 from reinforge.tracing import AttemptSpanBuffer
 from reinforge.types import Span
 
@@ -51,20 +52,20 @@ def test_a_long_attempt_goes_live_after_hold_s() -> None:
     assert [s.name for s in sink.spans] == ["s0", "s1"] and buffer.take() == []
 
 
-def test_the_closing_spans_of_a_long_or_busy_attempt_are_held_for_its_finish() -> None:
+def test_a_long_attempts_final_rewards_are_held_for_its_finish() -> None:
     sink = ListSink()
     buffer = AttemptSpanBuffer(sink, hold_s=0.05, max_held=2)
     buffer.submit(_span(0))
     time.sleep(0.08)
     buffer.submit(_span(1))
     assert [s.name for s in sink.spans] == ["s0", "s1"]  # live, as a long attempt goes
-    buffer.hold_rest()
+    final = Span(rollout_id="r1", attempt_id="a1", name=SPAN_FINAL_REWARD)
+    buffer.submit(final)
     buffer.submit(_span(2))
-    buffer.submit(_span(3))
-    assert [s.name for s in sink.spans] == ["s0", "s1"] and buffer.passed == 2
-    assert [s.name for s in buffer.take()] == ["s2", "s3"]
-    buffer.submit(_span(4))  # after the finish: written, as before
-    assert [s.name for s in sink.spans] == ["s0", "s1", "s4"] and buffer.take() == []
+    assert [s.name for s in sink.spans] == ["s0", "s1", "s2"] and buffer.passed == 3
+    assert buffer.take() == [final]  # the gateway reads the reward from the finish, not the store
+    buffer.submit(Span(rollout_id="r1", attempt_id="a1", name=SPAN_FINAL_REWARD))  # after the finish
+    assert [s.name for s in sink.spans] == ["s0", "s1", "s2", SPAN_FINAL_REWARD] and buffer.take() == []
 
 
 def test_spans_from_many_threads_are_each_kept_once() -> None:

@@ -23,8 +23,9 @@ def build_transitions(
     """Turn one finished rollout's spans into transitions with credit assigned.
 
     Only spans of the rollout's final attempt are used: the last succeeded attempt in `attempts`
-    (the store's attempt records for this rollout), else the last attempt. The final reward is the
-    last final-reward span of that attempt, else `rollout.reward`, else 0.0 (counted as missing).
+    (the store's attempt records for this rollout), else the last attempt. The final reward is
+    `rollout.reward`, the one stored value (the gateway decided it when the attempt finished:
+    `reinforge.gateway.finishing`), else 0.0 (counted as missing); reward spans are not read for it.
     """
     config = config or CreditConfig()
     metrics = CreditMetrics(rollouts=1)
@@ -49,7 +50,7 @@ def build_transitions(
         # The call running when time ran out caused it. A runner that failed the attempt for a
         # timeout also writes a timeout span; one timeout is charged once.
         calls[-1].air[semconv.AIR_TIMEOUT] = calls[-1].air.get(semconv.AIR_TIMEOUT, 0) + 1
-    final_reward = found.final_reward if found.final_reward is not None else rollout.reward
+    final_reward = rollout.reward
     if final_reward is None:
         # A failed attempt often has no reward; a succeeded one without any is worth flagging.
         metrics.missing_final_reward = int(rollout.status == RolloutStatus.succeeded)

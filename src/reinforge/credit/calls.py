@@ -34,7 +34,6 @@ class AttemptCalls:
     """What credit/ needs from one attempt."""
 
     calls: list[LLMCall]
-    final_reward: float | None
     skipped: int
     dropped_events: int
     """Emitted rewards or signals that arrived before any usable LLM call."""
@@ -159,7 +158,8 @@ def _mentions_timeout(error: str | None) -> bool:
 
 def read_attempt(spans: Sequence[Span], attempt_id: str) -> AttemptCalls:
     """The attempt's usable LLM calls in order, with emitted rewards and AIR signals attached to the
-    call that preceded them (by start time) and the last final reward recorded."""
+    call that preceded them (by start time). Final-reward spans are not read: the attempt's final
+    reward is its stored outcome (`Rollout.reward`)."""
     own = [s for s in spans if s.attempt_id == attempt_id]
     llm_spans = sorted((s for s in own if _is_llm_call(s)), key=_order_key)
     calls: list[LLMCall] = []
@@ -173,13 +173,8 @@ def read_attempt(spans: Sequence[Span], attempt_id: str) -> AttemptCalls:
     named, ambiguous = _name_by_role(own, calls)
     charged_elsewhere = _inner_tool_errors(own)
 
-    final_reward: float | None = None
     dropped = 0
     for span in sorted((s for s in own if not _is_llm_call(s)), key=_time_key):
-        if span.name == semconv.SPAN_FINAL_REWARD:
-            value = _reward_value(span)
-            final_reward = value if value is not None else final_reward
-            continue
         emitted = _reward_value(span) if span.name == semconv.SPAN_REWARD else None
         signal = _air_signal(span)
         if signal == semconv.AIR_TOOL_ERROR and span.span_id in charged_elsewhere:
@@ -199,7 +194,6 @@ def read_attempt(spans: Sequence[Span], attempt_id: str) -> AttemptCalls:
             owner.air[signal] = owner.air.get(signal, 0) + 1
     return AttemptCalls(
         calls=calls,
-        final_reward=final_reward,
         skipped=skipped,
         dropped_events=dropped,
         named_by_role=named,

@@ -20,7 +20,7 @@ from reinforge.engine.engine import Engine, EngineOutput
 from reinforge.engine.process import EngineProcess
 from reinforge.errors import InvalidRequestError
 from reinforge.inference.chat_render import ChatRenderer
-from reinforge.inference.contract import GenerationRequest, GenerationResult, TextDelta
+from reinforge.inference.contract import GenerationRequest, GenerationResult, TextDelta, token_id_texts
 from reinforge.inference.structured import request_grammar
 from reinforge.inference.tool_calls import parse_tool_calls, safe_prefix_len
 
@@ -129,6 +129,11 @@ class EngineBackend:
             malformed_tool_call=bool(parsed and parsed.malformed),
             policy_version=out.policy_version,
         )
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """Token ids, not texts: decoding each token would be per-call work for a field trainers
+        read as ids anyway."""
+        return token_id_texts(ids)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         prompt_ids, request, parse_tools = self._prepare(request)

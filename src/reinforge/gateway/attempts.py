@@ -38,6 +38,13 @@ class AttemptState:
     extra: dict[str, object] = field(default_factory=dict)
     turns: TurnMemory = field(default_factory=TurnMemory)
     """The assistant turns this attempt was answered with (see `gateway.history`)."""
+    final_report: tuple[float, float] | None = None
+    """(when, value) of the latest final reward the agent reported to the gateway (`gateway.finishing`)."""
+
+    def report_final_reward(self, at: float, value: float) -> None:
+        """A final reward the agent reported at `at`; the latest one is kept (a tie: this one)."""
+        if self.final_report is None or at >= self.final_report[0]:
+            self.final_report = (at, value)
 
     def take_sequence(self) -> int:
         n = self.next_sequence

@@ -22,6 +22,7 @@ from reinforge._headers import bearer_token
 from reinforge.errors import ReinforgeError
 from reinforge.gateway.attempts import AttemptState
 from reinforge.gateway.errors import GatewayHTTPError
+from reinforge.gateway.finishing import note_reported_rewards
 from reinforge.gateway.otlp import Converted, OtlpLimits, to_spans
 from reinforge.gateway.otlp_wire import (
     Encoding,
@@ -124,6 +125,7 @@ class OtlpReceiver:
         """Stamp the attempt's order (by start time, whatever order they came in) and queue them."""
         recorder = self.g.recorder
         spans.sort(key=lambda span: span.start_time)
+        note_reported_rewards(state, spans)  # an OTLP agent's final reward counts as a report
         for span in spans:
             span.attributes[ATTR_SEQUENCE_IN_ATTEMPT] = state.take_sequence()
         for span in spans:

@@ -32,7 +32,7 @@ from reinforge.gateway.errors import (
     response_for,
     status_and_error,
 )
-from reinforge.gateway.formats import API_FORMATS, ApiFormat, FormatContext, TokenTexts, token_id_texts
+from reinforge.gateway.formats import API_FORMATS, ApiFormat, FormatContext, TokenTexts
 from reinforge.gateway.formats.anthropic_messages import AnthropicMessages
 from reinforge.gateway.formats.base import Event, merge_choices
 from reinforge.gateway.history import Restored
@@ -191,8 +191,7 @@ class GatewayRoutes:
     def __init__(self, gateway: Gateway, otlp_limits: OtlpLimits | None = None) -> None:
         self.g = gateway
         self.otlp = OtlpReceiver(gateway, otlp_limits)
-        texts = getattr(gateway.backend, "token_texts", None)
-        self.texts: TokenTexts = texts if callable(texts) else token_id_texts
+        self.texts: TokenTexts = gateway.backend.token_texts
         self._openapi = b"{}"
 
     def table(self, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> RouteTable:
@@ -283,7 +282,6 @@ class GatewayRoutes:
         started, t0 = time.time(), time.perf_counter()
         streamed: list[str] = []
         ended = False  # recorded, or answered with an error event; else the client hung up first
-        g.open_streams += 1
         try:
             for event in call.stream_start():
                 yield _frame(event, named)
@@ -320,7 +318,6 @@ class GatewayRoutes:
             ended = True
             yield _stream_error(exc, isinstance(call, AnthropicMessages))
         finally:
-            g.open_streams -= 1
             await items.aclose()  # leaves the pause gate even when the client went away mid-stream
             if not ended:
                 await g.record_cancelled(
@@ -334,7 +331,7 @@ class GatewayRoutes:
     async def models(self, request: RouteRequest) -> Response:
         if "attempt_id" in request.path_params:
             self.g.bind()
-            self.g.check_attempt_token(request.path_params["attempt_id"], _token(request))
+            self.g.keys.check_attempt(request.path_params["attempt_id"], _token(request))
         model = {"id": self.g.backend.model_name, "object": "model", "created": 0, "owned_by": "reinforge"}
         return _ok({"object": "list", "data": [model]})
 
@@ -348,7 +345,7 @@ class GatewayRoutes:
         g = self.g
         g.bind()
         attempt_id = request.path_params["attempt_id"]
-        g.check_attempt_token(attempt_id, _token(request))
+        g.keys.check_attempt(attempt_id, _token(request))
         await g.flush(attempt_id)
         return _ok({"attempt_id": attempt_id, "flushed": True})
 
@@ -357,7 +354,7 @@ class GatewayRoutes:
         g = self.g
         g.bind()
         attempt_id = request.path_params["attempt_id"]
-        g.check_finish_token(attempt_id, _token(request))
+        g.keys.check_finish(attempt_id, _token(request))
         body = finish_body(json_body(request), attempt_id)
         rollout = await g.finish_attempt(attempt_id, body.outcome, body.spans)
         return Response(rollout.model_dump_json(), media_type="application/json")
@@ -374,7 +371,7 @@ class GatewayRoutes:
 
         async def one(item: FinishItem) -> dict[str, Any]:
             try:
-                g.check_finish_token(item.attempt_id, item.token)
+                g.keys.check_finish(item.attempt_id, item.token)
                 check_span_owners(item, item.attempt_id)
                 await g.finish_attempt(item.attempt_id, item.outcome, item.spans)
             except ReinforgeError as exc:

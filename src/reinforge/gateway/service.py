@@ -1,4 +1,4 @@
-"""The gateway's domain object: backend, attempt checks, span recording, the pause gate, policy holds.
+"""The gateway's domain object: admit a call, generate it, record it; and the trainer's controls.
 
 `Gateway` never sees an HTTP request: it takes attempt ids, tokens, agent names and generation
 requests, and returns results and recorded spans or raises typed errors (`GatewayHTTPError` and
@@ -6,24 +6,28 @@ the other `reinforge.errors`, which carry their HTTP status). The HTTP layer (`g
 reads requests into those values and writes the answers. The trainer holds the same object (at
 `app.state.gateway`) to pause the gateway around a weight update, to hold the next step's calls
 until the policy version they must be sampled by is published, and to flush an attempt's spans.
+Each of those jobs is a collaborator of its own (`ServingLoop`, `PauseGate`, `PolicyHolds`,
+`AttemptKeys`, `AttemptFinisher`); `Gateway` holds them and offers the calls the trainer makes.
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
 import time
-from collections.abc import AsyncGenerator, Callable, Coroutine, Iterable, Sequence
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from reinforge import semconv
-from reinforge.access import attempt_token, finish_token, token_matches
 from reinforge.errors import UpstreamError
 from reinforge.gateway.attempts import AttemptGuard, AttemptState
 from reinforge.gateway.errors import GatewayHTTPError
+from reinforge.gateway.finishing import AttemptFinisher
 from reinforge.gateway.history import Restored
+from reinforge.gateway.keys import AttemptKeys
+from reinforge.gateway.pause_gate import PauseGate
+from reinforge.gateway.policy_holds import PolicyHolds
 from reinforge.gateway.recorder import PendingSpan, SpanRecorder
+from reinforge.gateway.serving_loop import ServingLoop
 from reinforge.gateway.tool_schemas import canonical_tools
 from reinforge.inference.contract import (
     Backend,
@@ -35,29 +39,18 @@ from reinforge.inference.contract import (
 from reinforge.store.protocol import Store
 from reinforge.types import (
     AttemptOutcome,
-    AttemptStatus,
     CountingIds,
     Rollout,
     Span,
     SpanKind,
-    SpanQuery,
     SpanStatus,
     SpanStatusCode,
     new_span_id,
 )
 
-T = TypeVar("T")
-
-_MAX_CACHED_TOKENS = 65_536
-
-
 new_id = CountingIds(12)
 """A 24-hex-character id for responses and their output items: unique, not secret, and made without
 a syscall on the hot path (see `CountingIds`)."""
-
-
-_DROPPED = -1
-"""The version a cancelled rollout's holds are set to: its waiting calls end with a 409."""
 
 
 def parse_traceparent(header: str | None) -> tuple[str, str] | None:
@@ -71,12 +64,6 @@ def parse_traceparent(header: str | None) -> tuple[str, str] | None:
     if not all(c in "0123456789abcdef" for c in trace_id + parent) or set(trace_id) == {"0"}:
         return None
     return trace_id, parent
-
-
-async def _next_turn() -> None:
-    """Started on a loop from another thread, it ends after the callbacks that loop's current turn
-    schedules (a released call's request to the engine is one): `Gateway.settle`."""
-    await asyncio.sleep(0)
 
 
 DEFAULT_MAX_CALLS_PER_ATTEMPT = 10_000
@@ -130,10 +117,11 @@ def _span_of(
 
 
 class Gateway:
-    """The state behind the app: backend, attempt checks, span recorder, and the pause gate.
+    """The state behind the app: backend, attempt checks, span recorder, and the trainer's controls.
 
-    Everything runs in the event loop that serves requests; `pause`, `resume` and `flush` may be
-    called from any thread or loop (the trainer usually runs elsewhere) and hop onto that loop.
+    Everything runs in the event loop that serves requests; `pause`, `resume`, `flush` and the hold
+    controls may be called from any thread or loop (the trainer usually runs elsewhere) and hop onto
+    that loop (`ServingLoop`).
     """
 
     def __init__(
@@ -148,76 +136,54 @@ class Gateway:
         span_linger_s: float = 0.05,
         max_calls_per_attempt: int = DEFAULT_MAX_CALLS_PER_ATTEMPT,
     ) -> None:
-        if not secret:
-            raise ValueError("the gateway secret must not be empty")
         if max_calls_per_attempt < 1:
             raise ValueError("max_calls_per_attempt must be at least 1")
+        self.keys = AttemptKeys(secret)
         self.max_calls_per_attempt = max_calls_per_attempt
         self.store = store
         self.backend = backend
-        self._secret = secret
-        self._tokens: dict[str, str] = {}
         self.attempts = AttemptGuard(store, ttl_s=attempt_cache_ttl_s)
         self.recorder = SpanRecorder(
             store, max_queue=max_queued_spans, max_batch=max_span_batch, linger_s=span_linger_s
         )
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread_id: int | None = None
-        self._paused = False
-        self._open: asyncio.Event | None = None
-        self._idle: asyncio.Event | None = None
-        self._inflight = 0
+        self.serving = ServingLoop()
+        self.gate = PauseGate(self.serving)
+        self.holds = PolicyHolds(self.serving)
+        self.finisher = AttemptFinisher(store, self.attempts, self.recorder, max_calls_per_attempt)
+        self._bound = False
         self.calls = 0
         self.cancelled_calls = 0
         """Streamed calls whose client hung up before the end (recorded as cancelled)."""
         self.open_streams = 0
-        """Streamed responses being written now (a dropped one closes at once)."""
-        self._holds: dict[str, int] = {}
-        """rollout id -> the policy version its LLM calls wait for (`hold_rollouts`)."""
-        self._released_version = -1
-        self._holds_changed: asyncio.Event | None = None
+        """Streamed calls being answered now (a dropped one closes at once)."""
 
-    # -- lifecycle and cross-thread control ---------------------------------------------------------
+    # -- lifecycle and the trainer's controls ---------------------------------------------------------
 
     def bind(self) -> None:
         """Attach to the serving loop on first use (mounted sub-apps get no lifespan events)."""
-        if self._loop is not None:
+        if self._bound:
             return
-        self._loop = asyncio.get_running_loop()
-        self._thread_id = threading.get_ident()
-        self._open = asyncio.Event()
-        if not self._paused:
-            self._open.set()
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._holds_changed = asyncio.Event()
+        self._bound = True
+        self.serving.bind()
+        self.gate.bind()
+        self.holds.bind()
         self.recorder.start()
 
-    async def _on_loop(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
-        loop = self._loop
-        if loop is None or loop is asyncio.get_running_loop():
-            return await make()
-        if loop.is_closed():
-            raise RuntimeError("the gateway's event loop has stopped (was its server shut down?)")
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(make(), loop))
+    @property
+    def paused(self) -> bool:
+        return self.gate.paused
+
+    @property
+    def in_flight(self) -> int:
+        return self.gate.in_flight
 
     async def pause(self) -> None:
         """Hold new calls at the door and return once every in-flight call has finished."""
-        self._paused = True
-
-        async def drain() -> None:
-            if self._open is not None:
-                self._open.clear()
-            if self._idle is not None:
-                await self._idle.wait()
-
-        await self._on_loop(drain)
+        await self.gate.pause()
 
     def resume(self) -> None:
         """Let held and new calls through again."""
-        self._paused = False
-        if self._open is not None:
-            self._on_loop_soon(self._open.set)
+        self.gate.resume()
 
     def hold_rollouts(self, rollout_ids: Iterable[str], version: int) -> None:
         """Make the LLM calls of these rollouts wait until policy `version` is released
@@ -225,12 +191,15 @@ class Gateway:
 
         Call it before the rollouts are enqueued; safe from any thread (it only adds entries).
         """
-        for rollout_id in rollout_ids:
-            self._holds[rollout_id] = version
+        self.holds.hold(rollout_ids, version)
 
     def release_version(self, version: int) -> None:
         """Policy `version` is being served: let the calls held for it (or an older one) through."""
-        self._on_loop_soon(lambda: self._release(version))
+        self.holds.release(version)
+
+    def drop_holds(self, rollout_ids: Iterable[str]) -> None:
+        """These rollouts were cancelled: their held calls get a 409 instead of waiting on."""
+        self.holds.drop(rollout_ids)
 
     async def settle(self) -> None:
         """Return once the serving loop has run what is ready on it now and what that scheduled next:
@@ -240,124 +209,26 @@ class Gateway:
         enqueueing a step ahead) does not take the interpreter from the released calls on their way
         to the engine: the step's generation starts as soon as the weights are in.
         """
-        await self._on_loop(_next_turn)
-
-    def drop_holds(self, rollout_ids: Iterable[str]) -> None:
-        """These rollouts were cancelled: their held calls get a 409 instead of waiting on."""
-        ids = list(rollout_ids)
-        self._on_loop_soon(lambda: self._drop(ids))
-
-    def _on_loop_soon(self, callback: Callable[[], None]) -> None:
-        """Run `callback` on the serving loop: now when called there (or before the gateway has
-        served), else as soon as that loop gets to it (not at all once it has closed)."""
-        loop = self._loop
-        if loop is None or threading.get_ident() == self._thread_id:
-            callback()
-        elif not loop.is_closed():
-            loop.call_soon_threadsafe(callback)
-
-    def _release(self, version: int) -> None:
-        self._released_version = max(self._released_version, version)
-        for rollout_id, held_for in list(self._holds.items()):
-            if 0 <= held_for <= version:
-                del self._holds[rollout_id]
-        self._wake_held()
-
-    def _drop(self, rollout_ids: list[str]) -> None:
-        for rollout_id in rollout_ids:
-            if rollout_id in self._holds:
-                self._holds[rollout_id] = _DROPPED
-        self._wake_held()
-
-    def _wake_held(self) -> None:
-        if self._holds_changed is not None:
-            self._holds_changed.set()
-            self._holds_changed = asyncio.Event()
-
-    async def _wait_for_policy(self, state: AttemptState) -> None:
-        """Wait while the attempt's rollout is held for a policy version not yet released."""
-        while True:
-            version = self._holds.get(state.rollout_id)
-            if version is None or 0 <= version <= self._released_version:
-                return
-            if version == _DROPPED:
-                del self._holds[state.rollout_id]
-                raise GatewayHTTPError(
-                    409,
-                    f"rollout {state.rollout_id!r} was cancelled before the policy version its calls "
-                    "were waiting for was published",
-                    code="attempt_not_running",
-                )
-            assert self._holds_changed is not None
-            await self._holds_changed.wait()
-
-    @property
-    def held(self) -> int:
-        """Rollouts whose calls are held for a policy version not yet released."""
-        return sum(1 for version in self._holds.values() if version > self._released_version)
-
-    @property
-    def paused(self) -> bool:
-        return self._paused
-
-    @property
-    def in_flight(self) -> int:
-        return self._inflight
+        await self.serving.settle()
 
     async def flush(self, attempt_id: str | None = None) -> None:
         """Return once every span recorded so far for `attempt_id` (or for all) is in the store."""
-        if self._loop is None or self._loop.is_closed():
+        if not self.serving.live:
             return  # never served, or shut down (its lifespan flushed everything)
-        await self._on_loop(lambda: self.recorder.flush(attempt_id))
+        await self.serving.run(lambda: self.recorder.flush(attempt_id))
 
     async def finish_attempt(
         self, attempt_id: str, outcome: AttemptOutcome, spans: Sequence[Span] = ()
     ) -> Rollout:
-        """End an attempt with nothing of it missing from the store, in one call for the runner.
-
-        Queues `spans` (the runner's own: final reward, tool spans) with the gateway's, waits until
-        every span recorded for the attempt is in the store, then finishes the attempt. A succeeded
-        outcome without a reward takes the last final reward recorded for the attempt (the agent's
-        `emit_reward(..., final=True)` or a POST to the reward URL). Store errors propagate
-        (StaleAttemptError for a late finish).
-        """
+        """End an attempt with nothing of it missing from the store, in one call for the runner, with
+        its one final reward (`gateway.finishing`). Store errors propagate (StaleAttemptError for a
+        late finish)."""
 
         async def finish() -> Rollout:
             self.bind()
-            for span in spans:
-                await self.recorder.record(span)
-            await self.recorder.flush(attempt_id)
-            final = self._over_limit(attempt_id, outcome)
-            if final.status is AttemptStatus.succeeded and final.reward is None:
-                final = outcome.model_copy(update={"reward": await self._final_reward(attempt_id)})
-            try:
-                return await self.store.finish_attempt(attempt_id, final)
-            finally:
-                self.attempts.forget(attempt_id)  # the next call for it reads its final state
+            return await self.finisher.finish(attempt_id, outcome, spans)
 
-        return await self._on_loop(finish)
-
-    def _over_limit(self, attempt_id: str, outcome: AttemptOutcome) -> AttemptOutcome:
-        """A succeeded outcome of an attempt that had calls refused (a runaway agent) is recorded as a
-        failure that names the limit: its episode is not what the agent would have done."""
-        state = self.attempts.cached(attempt_id)
-        if state is None or not state.refused or outcome.status is not AttemptStatus.succeeded:
-            return outcome
-        error = (
-            f"the agent went on calling after its {self.max_calls_per_attempt} LLM calls and reward "
-            f"reports (the gateway's max_calls_per_attempt); {state.refused} more were refused"
-        )
-        return AttemptOutcome(status=AttemptStatus.failed, error=error, retryable=False)
-
-    async def _final_reward(self, attempt_id: str) -> float | None:
-        page = await self.store.query_spans(
-            SpanQuery(attempt_id=attempt_id, name=semconv.SPAN_FINAL_REWARD, limit=1000)
-        )
-        for span in reversed(page.items):
-            value = span.attributes.get(semconv.ATTR_REWARD_VALUE)
-            if isinstance(value, int | float) and not isinstance(value, bool):
-                return float(value)
-        return None
+        return await self.serving.run(finish)
 
     async def close(self) -> None:
         """Write every queued span, then stop the recorder.
@@ -365,61 +236,18 @@ class Gateway:
         A standalone app does this at shutdown; an app mounted in another (whose lifespan Starlette
         does not run for mounts) needs the parent's lifespan to call it.
         """
-        if self._loop is None or self._loop.is_closed():
+        if not self.serving.live:
             return
-        await self._on_loop(self.recorder.close)
-
-    def token_for(self, attempt_id: str) -> str:
-        """The attempt's token, remembered: an HMAC per call would cost more than the rest of a check."""
-        token = self._tokens.get(attempt_id)
-        if token is None:
-            if len(self._tokens) >= _MAX_CACHED_TOKENS:
-                self._tokens.clear()
-            token = self._tokens[attempt_id] = attempt_token(self._secret, attempt_id)
-        return token
-
-    async def _enter(self) -> None:
-        assert self._open is not None and self._idle is not None
-        while not self._open.is_set():
-            await self._open.wait()
-        self._inflight += 1
-        self._idle.clear()
-
-    def _leave(self) -> None:
-        assert self._idle is not None
-        self._inflight -= 1
-        if self._inflight == 0:
-            self._idle.set()
+        await self.serving.run(self.recorder.close)
 
     # -- calls ----------------------------------------------------------------------------------------
-
-    def check_attempt_token(self, attempt_id: str, given: str | None) -> None:
-        """The attempt's own token (the agent's API key) or a 401."""
-        if given is None:
-            raise GatewayHTTPError(
-                401, "missing bearer token: send the attempt's token as the API key", code="missing_api_key"
-            )
-        if not token_matches(self.token_for(attempt_id), given):
-            raise GatewayHTTPError(
-                401, f"the token is not valid for attempt {attempt_id!r}", code="invalid_api_key"
-            )
-
-    def check_finish_token(self, attempt_id: str, given: str | None) -> None:
-        """Finishing needs the runner's token for the attempt; the agent's own token is refused."""
-        if not token_matches(finish_token(self._secret, attempt_id), given):
-            raise GatewayHTTPError(
-                401,
-                f"finishing attempt {attempt_id!r} needs the runner's finish token "
-                "(reinforge.access.finish_token); the attempt's API key can't end it",
-                code="invalid_api_key",
-            )
 
     async def admit(
         self, attempt_id: str, token: str | None, agent: str | None = None, traceparent: str | None = None
     ) -> Caller:
         """A caller of a running attempt: its token (401), then its existence (404) and state (409)."""
         self.bind()
-        self.check_attempt_token(attempt_id, token)
+        self.keys.check_attempt(attempt_id, token)
         state = await self.attempts.require_running(attempt_id)
         if state.admitted >= self.max_calls_per_attempt:
             state.refused += 1
@@ -441,11 +269,12 @@ class Gateway:
         the version is released it has only its generation left to start, and the step's calls
         reach the engine together.
         """
-        if not self._holds or self._holds.get(caller.state.rollout_id) is None:
+        held = self.holds.versions
+        if not held or caller.state.rollout_id not in held:
             return
         if request is not None and isinstance(self.backend, PreparesAhead):
             self.backend.prepare_ahead(request)
-        await self._wait_for_policy(caller.state)
+        await self.holds.wait(caller.state.rollout_id)
 
     def prepare(
         self, caller: Caller, request: GenerationRequest
@@ -562,7 +391,8 @@ class Gateway:
         return span
 
     async def record_reward(self, caller: Caller, value: float, final: bool, name: str | None) -> Span:
-        """Record a reward the agent reported (a final one ends up as the attempt's reward)."""
+        """Record a reward the agent reported; a final one is remembered for the attempt's finish,
+        which decides the attempt's reward (`gateway.finishing`)."""
         attributes: dict[str, Any] = {
             semconv.ATTR_STEP_KIND: semconv.STEP_REWARD,
             semconv.ATTR_REWARD_VALUE: value,
@@ -573,7 +403,10 @@ class Gateway:
         if caller.agent is not None:
             attributes[semconv.ATTR_AGENT_NAME] = caller.agent
         span_name = semconv.SPAN_FINAL_REWARD if final else semconv.SPAN_REWARD
-        return await self._record(caller, span_name, SpanKind.internal, attributes, time.time())
+        span = await self._record(caller, span_name, SpanKind.internal, attributes, time.time())
+        if final:
+            caller.state.report_final_reward(span.start_time, value)
+        return span
 
     async def _record(
         self,
@@ -590,30 +423,36 @@ class Gateway:
 
     async def generate(self, gen: GenerationRequest) -> GenerationResult:
         """The backend's result inside the pause gate, checked (one logprob per completion token)."""
-        await self._enter()
+        await self.gate.enter()
         try:
             return self._check_result(await self.backend.generate(gen))
         finally:
-            self._leave()
+            self.gate.leave()
 
     async def stream(self, gen: GenerationRequest) -> AsyncGenerator[TextDelta | GenerationResult, None]:
-        """The backend's stream inside the pause gate; ends with exactly one checked result."""
-        await self._enter()
-        items = self.backend.stream(gen)
+        """The backend's stream inside the pause gate; ends with exactly one checked result. Counted
+        in `open_streams` from its first item until it is closed (the HTTP layer closes it as soon as
+        its response ends, however it ends)."""
+        self.open_streams += 1
         try:
-            result: GenerationResult | None = None
-            async for item in items:
-                if isinstance(item, GenerationResult):
-                    result = self._check_result(item)
-                else:
-                    yield item
-            if result is None:
-                raise UpstreamError("the backend's stream ended without a final result")
-            yield result
+            await self.gate.enter()
+            items = self.backend.stream(gen)
+            try:
+                result: GenerationResult | None = None
+                async for item in items:
+                    if isinstance(item, GenerationResult):
+                        result = self._check_result(item)
+                    else:
+                        yield item
+                if result is None:
+                    raise UpstreamError("the backend's stream ended without a final result")
+                yield result
+            finally:
+                self.gate.leave()
+                # Closed now, not when collected: a dropped stream's generation stops here (on the
+                # engine, its slot is freed for the next call).
+                close = getattr(items, "aclose", None)
+                if close is not None:
+                    await close()
         finally:
-            self._leave()
-            # Closed now, not when collected: a dropped stream's generation stops here (on the
-            # engine, its slot is freed for the next call).
-            close = getattr(items, "aclose", None)
-            if close is not None:
-                await close()
+            self.open_streams -= 1

@@ -14,7 +14,13 @@ from typing import Any
 
 from reinforge.errors import InvalidRequestError, ReinforgeError
 from reinforge.gateway.app import Gateway, create_gateway_app
-from reinforge.inference.contract import Backend, GenerationRequest, GenerationResult, TextDelta
+from reinforge.inference.contract import (
+    Backend,
+    GenerationRequest,
+    GenerationResult,
+    TextDelta,
+    token_id_texts,
+)
 from reinforge.store.gateway_mount import GatewayBackendOptions
 from reinforge.store.protocol import Store
 from reinforge.types import LeasedRollout
@@ -37,6 +43,9 @@ class NoModelBackend:
             "this store server serves no model: start `reinforge store serve` with --model-dir DIR, "
             "--upstream URL --upstream-model NAME, or --scripted FILE"
         )
+
+    def token_texts(self, ids: list[int]) -> list[str]:
+        return token_id_texts(ids)
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         raise self._error()

@@ -135,6 +135,17 @@ class Backend(Protocol):
         """Yield text deltas as they are produced, then exactly one GenerationResult."""
         ...
 
+    def token_texts(self, ids: list[int]) -> list[str]:
+        """The text of each token, for the `token` fields of logprobs in the gateway's answers
+        (`token_id_texts` when the backend can't name its tokens)."""
+        ...
+
+
+def token_id_texts(ids: list[int]) -> list[str]:
+    """vLLM's `return_tokens_as_token_ids` convention: `token_id:<id>` for each token, for a backend
+    that can't name its tokens (or would spend per-call work doing so)."""
+    return [f"token_id:{i}" for i in ids]
+
 
 @runtime_checkable
 class PreparesAhead(Protocol):

@@ -3,9 +3,9 @@
 One `Runner` runs up to `concurrency` attempts at once on one event loop (sync agents in a thread
 pool). For each attempt it heartbeats the lease, stops the agent when the store cancels or supersedes
 the attempt, enforces the timeout, and finishes it through the gateway: one request carries the
-attempt's own spans (final reward, tool spans; see `AttemptSpanBuffer`), and the gateway finishes the
-attempt only once every span of it is in the store. The store does the retrying: a failed retryable
-attempt, or a lease that expired because a runner died, is leased again.
+attempt's own spans (tool spans, reported final rewards; see `AttemptSpanBuffer`), and the gateway
+finishes the attempt only once every span of it is in the store. The store does the retrying: a
+failed retryable attempt, or a lease that expired because a runner died, is leased again.
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ from reinforge.tracing import (
     AttemptSpanBuffer,
     SpanWriter,
     attempt_scope,
-    emit_reward,
     get_tracer,
     install_global_tracer_provider,
     instrument_threads,
@@ -319,7 +318,7 @@ class Runner:
     ) -> None:
         attempt_id = ctx.attempt_id
         try:
-            outcome = await self._outcome(work, ctx, state, spans)
+            outcome = await self._outcome(work, ctx, state)
             overrun = budget.overrun_error()
             if overrun is not None and outcome.status is AttemptStatus.succeeded:
                 # The episode was cut short of its record: it must not be trained on as it stands.
@@ -389,7 +388,6 @@ class Runner:
         work: asyncio.Task[float | None],
         ctx: AttemptContext,
         state: _AttemptState,
-        spans: AttemptSpanBuffer,
     ) -> AttemptOutcome:
         timeout = self.agent.timeout_s if self.agent.timeout_s is not None else self.timeout_s
         done, _ = await asyncio.wait({work}, timeout=timeout)
@@ -416,12 +414,9 @@ class Runner:
             # A wrong return type will not fix itself on a retry; anything else might.
             retryable = not isinstance(exc, InvalidRequestError)
             return AttemptOutcome(status=AttemptStatus.failed, error=_error_text(exc), retryable=retryable)
-        reward = work.result()
-        if reward is not None:
-            spans.hold_rest()  # the final reward travels with the finish, however long the attempt ran
-            with attempt_scope(ctx):
-                emit_reward(reward, final=True)
-        return AttemptOutcome(status=AttemptStatus.succeeded, reward=reward)
+        # The returned reward (None: none returned); the gateway's finish applies the one precedence
+        # rule over it and the final rewards the agent reported (`reinforge.gateway.finishing`).
+        return AttemptOutcome(status=AttemptStatus.succeeded, reward=work.result())
 
     async def _heartbeat(self, attempt_id: str, work: asyncio.Task[Any], state: _AttemptState) -> None:
         while True:
@@ -453,7 +448,8 @@ class Runner:
         self, attempt_id: str, outcome: AttemptOutcome, spans: list[Span] | None = None
     ) -> None:
         """Finish through the gateway: one request stores `spans` and the gateway's spans of the
-        attempt, then finishes it (a succeeded outcome without a reward takes the emitted one).
+        attempt, then finishes it (a succeeded outcome without a returned reward takes the last final
+        reward the agent reported).
 
         When the gateway refuses the request outright (a wrong secret, a bad span), the attempt is
         failed in the store directly, retryably: it must not end as if its data were complete.

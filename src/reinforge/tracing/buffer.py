@@ -4,7 +4,9 @@ Why: most attempts are short and record a handful of spans (a final reward, a fe
 them through the shared `SpanWriter` costs a store round trip that the runner must then wait on before
 finishing; held here, they ride along in the runner's single finish call instead. A long or busy
 attempt should still be visible live (the dashboard, a trainer watching): once the attempt has run
-`hold_s` or holds `max_held` spans, everything goes to the writer as before.
+`hold_s` or holds `max_held` spans, everything goes to the writer as before, except final rewards:
+those are held until the finish in every case, because the gateway decides the attempt's reward from
+the final rewards reported to it (`gateway.finishing`) and reads none back from the store.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import threading
 import time
 
+from reinforge.semconv import SPAN_FINAL_REWARD
 from reinforge.tracing.context import SpanSink
 from reinforge.types import Span
 
@@ -30,15 +33,15 @@ class AttemptSpanBuffer:
         self._lock = threading.Lock()
         self._held: list[Span] = []
         self._passing = False
-        self._holding_rest = False
+        self._taken = False
         self.passed = 0
         """How many spans went to the writer (the runner flushes it before finishing if any did)."""
 
     def submit(self, span: Span) -> None:
         # The writer is called under the lock, so spans reach it in the order they ended.
         with self._lock:
-            if self._holding_rest:
-                self._held.append(span)
+            if span.name == SPAN_FINAL_REWARD and not self._taken:
+                self._held.append(span)  # the finish carries it to the gateway (see module doc)
                 return
             if not self._passing:
                 self._held.append(span)
@@ -52,17 +55,10 @@ class AttemptSpanBuffer:
             for s in spans:
                 self._writer.submit(s)
 
-    def hold_rest(self) -> None:
-        """Hold every span from now until `take()`, however long the attempt ran: the runner's own
-        closing spans (the final reward), which its finish sends right after them anyway, instead
-        of a store round trip of their own that the finish would then wait on."""
-        with self._lock:
-            self._holding_rest = True
-
     def take(self) -> list[Span]:
         """The spans still held, in submission order; later spans go to the writer."""
         with self._lock:
             self._passing = True
-            self._holding_rest = False
+            self._taken = True
             spans, self._held = self._held, []
         return spans

@@ -17,12 +17,7 @@ from typing import Any, ClassVar, Self
 from reinforge.inference.contract import GenerationRequest, GenerationResult
 
 TokenTexts = Callable[[list[int]], list[str]]
-"""Maps token ids to the text of each token, for the `token` fields of logprobs."""
-
-
-def token_id_texts(ids: list[int]) -> list[str]:
-    """vLLM's `return_tokens_as_token_ids` convention, used when a backend can't name its tokens."""
-    return [f"token_id:{i}" for i in ids]
+"""Maps token ids to the text of each token, for the `token` fields of logprobs (`Backend.token_texts`)."""
 
 
 @dataclass(frozen=True, slots=True)
