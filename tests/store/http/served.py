@@ -13,8 +13,8 @@ from pathlib import Path
 class ServedStore:
     """One `reinforge store serve` process on a run folder (port picked by the OS).
 
-    Run as `python -m reinforge.store.cli serve`: the same typer command that `reinforge store` mounts,
-    without importing the training stack (torch) on every start.
+    Run as `python -m reinforge.cli store serve`, as a user runs it (the training stack's torch is
+    imported only when a command needs it).
     """
 
     def __init__(self, run_dir: Path, db: str | None = None, env: dict[str, str] | None = None) -> None:
