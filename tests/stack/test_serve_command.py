@@ -73,6 +73,8 @@ def test_serve_options_become_engine_settings(tmp_path: Path) -> None:
         "policy",
     )
     with pytest.raises(ValueError, match="vllm or sglang, not 'tgi'"):
-        engine_settings_from_options(**{**base, "upstream": "u", "upstream_model": "m", "upstream_flavor": "tgi"})
+        engine_settings_from_options(
+            **{**base, "upstream": "u", "upstream_model": "m", "upstream_flavor": "tgi"}
+        )
     with pytest.raises(ValueError, match=r"\['max_seq_len'\] are the embedded engine's"):
         engine_settings_from_options(**{**base, "upstream": "u", "upstream_model": "m", "max_seq_len": 64})

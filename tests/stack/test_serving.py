@@ -98,7 +98,7 @@ async def test_the_embedded_engine_serves_a_model_folder(tokenizer: Any, tmp_pat
 
 
 async def test_the_embedded_engine_refuses_a_folder_without_a_model(tmp_path: Path) -> None:
-    with pytest.raises(InvalidRequestError, match="has no config.json"):
+    with pytest.raises(InvalidRequestError, match=r"has no config\.json"):
         build_serving(EngineSettings(model_dir=tmp_path))
     with pytest.raises(InvalidRequestError, match="needs a model"):
         build_serving(EngineSettings())
@@ -127,7 +127,9 @@ async def test_an_upstream_server_answers_through_the_gateway(tokenizer: Any, tm
         async with served(serving) as (stack, store):
             _, attempt = await ask(stack, store)
             ids = await recorded_completion_ids(stack, store, attempt)
-        assert [body["model"] for path, body in fake.requests if path == "/v1/chat/completions"] == [MODEL_NAME]
+        assert [body["model"] for path, body in fake.requests if path == "/v1/chat/completions"] == [
+            MODEL_NAME
+        ]
         assert len(ids) >= 1
         # Given the model and a weights folder, the same settings can also take trained weights.
         synced = EngineSettings(backend="vllm", url=upstream.url, weights_dir=tmp_path / "weights")
