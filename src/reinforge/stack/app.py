@@ -44,8 +44,6 @@ class StackApp:
         run_dir: str | os.PathLike[str] | None = None,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     ) -> None:
-        self.store = store
-        self.backend = backend
         self.store_token = store_token or secrets.token_urlsafe(24)
         """None given: one only this process knows."""
         self.gateway_secret = gateway_secret or secrets.token_urlsafe(24)

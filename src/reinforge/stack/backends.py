@@ -34,7 +34,6 @@ NO_MODEL_HINT = (
 class Serving:
     """A built backend and what it needs started, synced and closed."""
 
-    settings: EngineSettings
     backend: Backend
     engine: Engine | EngineProcess | None = None
     """The embedded engine (None for the other backends)."""
@@ -96,8 +95,8 @@ def build_serving(
         return _upstream(settings, model, tokenizer, policy_version)
     if settings.backend == "scripted":
         assert settings.scripted is not None  # EngineSettings checks
-        return Serving(settings, scripted_backend(settings.scripted, settings.model_name))
-    return Serving(settings, NoModelBackend(settings.model_name, NO_MODEL_HINT))
+        return Serving(scripted_backend(settings.scripted, settings.model_name))
+    return Serving(NoModelBackend(settings.model_name, NO_MODEL_HINT))
 
 
 def _embedded(
@@ -121,7 +120,7 @@ def _embedded(
     else:
         engine = Engine(model, tokenizer, **limits)
     backend = EngineBackend(engine, tokenizer, model_name=settings.model_name)
-    return Serving(settings, backend, engine, EmbeddedEngineSync(engine))
+    return Serving(backend, engine, EmbeddedEngineSync(engine))
 
 
 def _upstream(settings: EngineSettings, model: Any, tokenizer: Any, policy_version: int) -> Serving:
@@ -138,7 +137,7 @@ def _upstream(settings: EngineSettings, model: Any, tokenizer: Any, policy_versi
         policy_version=policy_version,
     )
     if settings.weights_dir is None or model is None:  # served as it is: nothing publishes to it
-        return Serving(settings, backend)
+        return Serving(backend)
     from reinforge.stack.weight_sync import SglangWeightSync, VllmWeightSync
 
     sync_type = VllmWeightSync if settings.backend == "vllm" else SglangWeightSync
@@ -150,7 +149,7 @@ def _upstream(settings: EngineSettings, model: Any, tokenizer: Any, policy_versi
         api_key=api_key,
         timeout_s=settings.sync_timeout_s,
     )
-    return Serving(settings, backend, weight_sync=sync)
+    return Serving(backend, weight_sync=sync)
 
 
 def scripted_backend(path: Path, model_name: str) -> Backend:
