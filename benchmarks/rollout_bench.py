@@ -51,13 +51,11 @@ from reinforge.gateway.app import create_gateway_app
 from reinforge.inference.upstream import UpstreamBackend
 from reinforge.runner import CommandAgent, Runner
 from reinforge.runner.llm import LLM
+from reinforge.stack.app import GATEWAY_MOUNT
 from reinforge.store.factory import open_store
 from reinforge.store.http.client import HttpStoreClient
 from reinforge.store.http.server import create_store_app
 from reinforge.types import RolloutQuery, RolloutSpec, RolloutStatus, SpanQuery
-
-GATEWAY_MOUNT = "/gateway"
-
 
 # -- the server process -----------------------------------------------------------------------------
 

@@ -7,20 +7,13 @@ import typer
 
 from reinforge.demo.cli import demo_command
 from reinforge.runner.cli import runner_command
-from reinforge.store.cli import store_app
-from reinforge.store.gateway_mount import GatewayBackendOptions, MountedGateway, use_gateway_builder
-from reinforge.store.protocol import Store
+from reinforge.stack.cli import serve_command
+from reinforge.store.cli import status_command
 from reinforge.training.cli import sft_command, train_command
 
-
-def _standalone_gateway(store: Store, secret: str, options: GatewayBackendOptions) -> MountedGateway:
-    """`store serve`'s gateway (the store layer can't import the gateway; this file joins them)."""
-    from reinforge.gateway.standalone import build_standalone_gateway
-
-    return build_standalone_gateway(store, secret, options)
-
-
-use_gateway_builder(_standalone_gateway)
+store_app = typer.Typer(no_args_is_help=True, help="Serve the store of a run, or inspect one.")
+store_app.command("serve")(serve_command)
+store_app.command("status")(status_command)
 
 app = typer.Typer(
     no_args_is_help=True,

@@ -21,10 +21,11 @@ from reinforge import semconv
 from reinforge.access import attempt_token
 from reinforge.algorithms import GRPO
 from reinforge.net.background import BackgroundServer
+from reinforge.stack.settings import MODEL_NAME, EngineSettings
 from reinforge.store.memory import MemoryStore
-from reinforge.training.config import EngineSettings, LoraSettings, OptimSettings
+from reinforge.training.config import LoraSettings, OptimSettings
 from reinforge.training.policy import Policy
-from reinforge.training.rollout_stack import MODEL_NAME, RolloutStack
+from reinforge.training.rollout_stack import RolloutStack
 from reinforge.types import SpanQuery
 
 LORA = LoraSettings(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
@@ -55,7 +56,7 @@ async def stack_on(
         settings = EngineSettings(url=upstream.url, weights_dir=run_dir / "weights", **engine)
         stack = RolloutStack(store, model, tokenizer, run_dir, settings)
         await stack.weight_sync.check()
-        await asyncio.to_thread(stack.server.start)
+        await stack.served.start()
         try:
             yield stack, store
         finally:

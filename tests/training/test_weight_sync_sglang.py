@@ -14,8 +14,8 @@ from inference.fake_servers import FakeSglang, Weights
 from reinforge.algorithms import GRPO
 from reinforge.credit import CreditConfig
 from reinforge.net.background import BackgroundServer
+from reinforge.stack.weight_sync import WeightSyncError
 from reinforge.training import Trainer
-from reinforge.training.serving import WeightSyncError
 
 from .conftest import parity_agent, small_model
 from .serving_harness import (

@@ -14,8 +14,8 @@ from inference.fake_servers import FakeVllm, Weights
 from reinforge.algorithms import GRPO
 from reinforge.credit import CreditConfig
 from reinforge.net.background import BackgroundServer
+from reinforge.stack.weight_sync import WeightSyncError
 from reinforge.training import Trainer, TrainerConfig
-from reinforge.training.serving import WeightSyncError
 
 from .conftest import parity_agent, small_model
 from .serving_harness import (
@@ -149,7 +149,10 @@ async def test_vllm_check_names_what_to_fix(tokenizer: Any, tmp_path: Path) -> N
 def test_vllm_settings_refuse_what_the_backend_cannot_honour(tmp_path: Path) -> None:
     server = {"backend": "vllm", "url": "http://h:1", "weights_dir": tmp_path}
     refused: list[tuple[dict[str, Any], str]] = [
-        ({"engine": {"backend": "vllm"}}, r"needs \['url', 'weights_dir'\]"),
+        ({"engine": {"backend": "vllm"}}, r"needs \['url'\]"),
+        ({"engine": {"backend": "vllm", "url": "http://h:1"}}, r"needs \['weights_dir'\]"),
+        ({"engine": {"backend": "scripted", "scripted": "r.json"}}, r"can't serve a policy in training"),
+        ({"engine": {"model_dir": "m"}}, r"model_dir is for `reinforge store serve`"),
         ({"engine": {**server, "sync": "lora"}}, r"needs optim.lora"),
         ({"engine": {"url": "http://h:1"}}, r"are for backend 'vllm' or 'sglang'"),
         ({"engine": {**server, "max_batch_size": 8}}, r"\['max_batch_size'\] are the embedded engine's"),
@@ -195,7 +198,7 @@ def test_vllm_full_weights_folder_replaces_every_shard(tokenizer: Any, tmp_path:
     with tied weights once (as `save_pretrained` writes them)."""
     from safetensors.torch import load_file
 
-    from reinforge.training.serving.folders import write_full_weights
+    from reinforge.stack.weight_sync.folders import write_full_weights
 
     model = small_model(tokenizer)
     model.save_pretrained(tmp_path)

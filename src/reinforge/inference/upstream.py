@@ -15,7 +15,7 @@ Tool calls are parsed from the Hermes/Qwen markup in the text.
 Token ids are only ever read from the server's answer (or are the ids we sent); if the server does
 not return them the call fails with UpstreamError rather than re-tokenising text.
 
-During training the trainer's weight sync (`reinforge.training.serving`) moves the backend to each new
+During training the trainer's weight sync (`reinforge.stack.weight_sync`) moves the backend to each new
 policy version with `serve_version`, while the gateway holds calls: from then on every call names
 that version (and, with LoRA, asks for that version's adapter) and every result carries it.
 """

@@ -23,19 +23,16 @@ from pydantic import BaseModel
 from transformers import PreTrainedTokenizerBase
 
 from reinforge.credit import CreditConfig
-from reinforge.gateway.app import Gateway, create_gateway_app
 from reinforge.inference.contract import Backend
-from reinforge.net.background import BackgroundServer
 from reinforge.runner import Agent, AgentFunction, CommandAgent, Runner
-from reinforge.store.http.server import create_store_app
+from reinforge.stack.app import ServedStack, StackApp
+from reinforge.stack.settings import MODEL_NAME
 from reinforge.store.protocol import Store
-from reinforge.training.rollout_stack import GATEWAY_MOUNT, MODEL_NAME
 from reinforge.training.rollouts import attempt_resources, collect_transitions, run_rollouts
 from reinforge.training.runner_processes import RunnerProcesses, RunnerProcessSettings, agent_reference
 from reinforge.training.sft import SftExample
 from reinforge.types import (
     MAX_PAGE_SIZE,
-    LeasedRollout,
     Rollout,
     RolloutMode,
     RolloutQuery,
@@ -80,19 +77,10 @@ async def collect_traces(
     tell whether the recorded token ids are its tokenizer's.
     """
     started = time.monotonic()
-    store_token = secrets.token_urlsafe(24)
-    gateway_secret = secrets.token_urlsafe(24)
-    gateway_app = create_gateway_app(store, backend, gateway_secret)
-    gateway: Gateway = gateway_app.state.gateway
-
-    def leased(found: list[LeasedRollout]) -> None:
-        gateway.attempts.remember_running(lr.attempt for lr in found)
-
-    store_app = create_store_app(store, store_token, on_lease=leased)
-    store_app.mount(GATEWAY_MOUNT, gateway_app)
-    server = BackgroundServer(store_app)
+    stack = StackApp(store, backend)  # a token and a secret only this process knows
+    served = ServedStack(stack)
     reference = agent_reference(agent) if processes > 0 else None  # refuse before serving
-    await asyncio.to_thread(server.start)
+    await served.start()
     stop = asyncio.Event()
     children: RunnerProcesses | None = None
     running: asyncio.Task[object] | None = None
@@ -100,10 +88,10 @@ async def collect_traces(
         children = RunnerProcesses(
             RunnerProcessSettings(
                 agent=reference,
-                store_url=server.url,
-                store_token=store_token,
-                gateway_url=server.url + GATEWAY_MOUNT,
-                gateway_secret=gateway_secret,
+                store_url=served.url,
+                store_token=stack.store_token,
+                gateway_url=served.gateway_url,
+                gateway_secret=stack.gateway_secret,
                 concurrency=concurrency,
                 model=MODEL_NAME,
                 timeout_s=timeout_s,
@@ -117,15 +105,15 @@ async def collect_traces(
         runner = Runner(
             store,
             agent,
-            server.url + GATEWAY_MOUNT,
-            gateway_secret,
+            served.gateway_url,
+            stack.gateway_secret,
             concurrency=concurrency,
             runner_id="trace-collector",
             timeout_s=timeout_s,
             poll_seconds=0.2,
             model=MODEL_NAME,
             drain_timeout_s=5.0,
-            on_lease=leased,
+            on_lease=stack.leased,
         )
         running = asyncio.create_task(runner.run(stop=stop))
     try:
@@ -149,8 +137,7 @@ async def collect_traces(
         if running is not None:
             await asyncio.wait({running}, timeout=30)
             running.cancel()
-        await gateway.flush()
-        await asyncio.to_thread(server.stop)
+        await served.stop()
     done = [r for r in rollouts if r.status == RolloutStatus.succeeded]
     return CollectReport(
         rollouts=len(rollouts),

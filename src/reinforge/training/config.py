@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from reinforge.stack.settings import EngineSettings
 from reinforge.training.flat_settings import upgrade_flat_settings
 from reinforge.training.metric_sinks.settings import LoggingSettings
 
@@ -214,91 +215,6 @@ class RunnerSettings(BaseModel):
         return self.processes > 0 or self.ray is not None
 
 
-class EngineSettings(BaseModel):
-    """What serves the policy to the agents: the embedded engine, or a vLLM / SGLang server the
-    trainer syncs weights into after each update (docs/upstream.md).
-
-    Attributes:
-        backend: "embedded" (the engine in this process, the default), "vllm" or "sglang" (a server
-            at `url`, started by the user on the starting model).
-        url: the upstream server's root (e.g. http://127.0.0.1:8000).
-        served_model: the model name the server answers to (vLLM's `--served-model-name`).
-        api_key: the server's API key, if it was started with one; None reads
-            `$REINFORGE_UPSTREAM_API_KEY`.
-        sync: "full" writes every weight (safetensors) and has the server reload them; "lora" writes
-            the LoRA adapter (peft `save_pretrained`) and hot-loads it under a versioned name
-            (`policy-v<N>`); it needs `optim.lora` with one shared adapter.
-        weights_dir: a folder the trainer writes and the server reads (the same path on both, e.g.
-            a shared disk). vLLM's full sync reloads the folder it was started from, so for vLLM this
-            is that folder.
-        sync_timeout_s: the most one sync call may take.
-        on_sync_failure: "stop" ends the run on a failed sync; "retry" tries `sync_retries` more
-            times, `sync_retry_delay_s` apart, before stopping. The old version keeps serving meanwhile.
-        max_batch_size: sequences the engine decodes together.
-        max_seq_len: the longest prompt + completion the engine serves (sizes its KV cache).
-        process: run the engine in its own child process (`EngineProcess`), so its scheduling loop
-            does not share the interpreter lock with the gateway and store that answer the agents.
-            Off by default: on a machine with few cores the CPU, not the lock, is what runs out, and
-            a third busy process slows the step (docs/training.md); it is for machines with cores
-            to spare.
-        retain_prefixes: keep finished calls' KV caches in free slots so a later prompt that extends
-            one (an agent's next call, another request on the same schema) copies it (docs/engine.md).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-
-    max_batch_size: int = Field(default=64, ge=1)
-    max_seq_len: int = Field(default=512, ge=16)
-    process: bool = False
-    retain_prefixes: bool = True
-    backend: Literal["embedded", "vllm", "sglang"] = "embedded"
-    url: str | None = None
-    served_model: str = "reinforge-policy"
-    api_key: SecretStr | None = None
-    sync: Literal["full", "lora"] = "full"
-    weights_dir: Path | None = None
-    sync_timeout_s: float = Field(default=600.0, gt=0)
-    on_sync_failure: Literal["stop", "retry"] = "stop"
-    sync_retries: int = Field(default=2, ge=1)
-    sync_retry_delay_s: float = Field(default=5.0, ge=0)
-
-    @model_validator(mode="after")
-    def _upstream_needs_a_server(self) -> EngineSettings:
-        if self.backend == "embedded":
-            named = [k for k in ("url", "weights_dir") if getattr(self, k) is not None]
-            if self.sync != "full":
-                named.append("sync")
-            if named:
-                raise ValueError(
-                    f"engine settings {named} are for backend 'vllm' or 'sglang'; the embedded engine "
-                    "takes its weights in memory (set engine.backend, or leave them out)"
-                )
-            return self
-        # Compared with the defaults, not `model_fields_set`: `Trainer` re-validates a dumped config.
-        embedded_only = [
-            k
-            for k in ("max_batch_size", "max_seq_len", "process", "retain_prefixes")
-            if getattr(self, k) != EngineSettings.model_fields[k].default
-        ]
-        if embedded_only:
-            raise ValueError(
-                f"engine settings {embedded_only} are the embedded engine's; with engine.backend = "
-                f"{self.backend!r} set them on the server (docs/upstream.md)"
-            )
-        missing = [k for k in ("url", "weights_dir") if getattr(self, k) is None]
-        if missing:
-            raise ValueError(
-                f"engine.backend = {self.backend!r} needs {missing}: the server's URL and a folder both "
-                "the trainer and the server can read (docs/upstream.md)"
-            )
-        if self.weights_dir is not None and not self.weights_dir.is_absolute():
-            raise ValueError(
-                f"engine.weights_dir must be an absolute path (got {str(self.weights_dir)!r}): the server "
-                "reads the folder at the path the trainer names"
-            )
-        return self
-
-
 class ScheduleSettings(BaseModel):
     """How long the run goes, when it validates, and when each step's rollouts start.
 
@@ -434,7 +350,7 @@ class TrainerConfig(BaseModel):
         optim: the policy update (`OptimSettings`).
         rollouts: what one step samples (`RolloutSettings`).
         runners: who runs the agents (`RunnerSettings`).
-        engine: the embedded engine (`EngineSettings`).
+        engine: what serves the policy (`reinforge.stack.settings.EngineSettings`).
         schedule: steps, time budget, validation and rollout scheduling (`ScheduleSettings`).
         checkpoints: how often, how many, and whether to resume (`CheckpointSettings`).
         store: where the store is (`StoreSettings`).
@@ -469,7 +385,22 @@ class TrainerConfig(BaseModel):
         return upgrade_flat_settings(data, stacklevel=3) if isinstance(data, dict) else data
 
     @model_validator(mode="after")
-    def _lora_sync_needs_one_adapter(self) -> TrainerConfig:
+    def _engine_serves_the_trained_policy(self) -> TrainerConfig:
+        engine = self.engine
+        if engine.backend not in ("embedded", "vllm", "sglang"):
+            raise ValueError(
+                f"engine.backend = {engine.backend!r} can't serve a policy in training: use 'embedded', "
+                "'vllm' or 'sglang'"
+            )
+        if engine.model_dir is not None:
+            raise ValueError(
+                "engine.model_dir is for `reinforge store serve`: the trainer serves the model it trains"
+            )
+        if engine.upstream and engine.weights_dir is None:
+            raise ValueError(
+                f"engine.backend = {engine.backend!r} needs ['weights_dir']: a folder both the trainer and "
+                "the server can read, where each new version's weights go (docs/upstream.md)"
+            )
         if self.engine.sync == "lora":
             lora = self.optim.lora
             if lora is None:

@@ -22,7 +22,6 @@ import contextlib
 import json
 import logging
 import os
-import secrets
 import shlex
 import sys
 from collections.abc import Awaitable, Sequence
@@ -31,21 +30,18 @@ from typing import TypeVar
 
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from reinforge.engine.engine import Engine
-from reinforge.engine.engine_backend import EngineBackend
-from reinforge.engine.process import EngineProcess, EngineRestartPolicy
+from reinforge.engine.process import EngineProcess
 from reinforge.errors import InvalidRequestError, NotFoundError, StaleAttemptError
-from reinforge.gateway.app import Gateway, create_gateway_app
-from reinforge.inference.contract import Backend
-from reinforge.inference.upstream import UpstreamBackend, api_key_from_env
-from reinforge.net.background import BackgroundServer
 from reinforge.runner import Agent, AgentFunction, CommandAgent, Runner
 from reinforge.runner.ray_runners import RayRunners, RayRunnerSettings
+from reinforge.stack.app import GATEWAY_MOUNT, ServedStack, StackApp
+from reinforge.stack.backends import build_serving
+from reinforge.stack.join import load_or_create_gateway_secret, runner_join_command, url_for_others
+from reinforge.stack.settings import EngineSettings
+from reinforge.stack.weight_sync import WeightSync, switch_with_retries
 from reinforge.store.http.auth import load_or_create_token
-from reinforge.store.http.server import create_store_app
-from reinforge.store.join import load_or_create_gateway_secret, runner_join_command, url_for_others
 from reinforge.store.protocol import Store
-from reinforge.training.config import EngineSettings, RunnerSettings, ServeSettings
+from reinforge.training.config import RunnerSettings, ServeSettings
 from reinforge.training.policy import Policy
 from reinforge.training.runner_processes import (
     ChildDeath,
@@ -54,21 +50,12 @@ from reinforge.training.runner_processes import (
     RunnerRestartPolicy,
     agent_reference,
 )
-from reinforge.training.serving import (
-    EmbeddedEngineSync,
-    SglangWeightSync,
-    VllmWeightSync,
-    WeightSync,
-    switch_with_retries,
-)
-from reinforge.types import MAX_PAGE_SIZE, AttemptOutcome, AttemptQuery, AttemptStatus, LeasedRollout
+from reinforge.types import MAX_PAGE_SIZE, AttemptOutcome, AttemptQuery, AttemptStatus
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-GATEWAY_MOUNT = "/gateway"
-MODEL_NAME = "reinforge-policy"
 PROCESSES_FILE = "processes.json"
 """In the run folder while the stack runs: {"trainer": pid, "engine": pid | null, "runners": [pid, ...]}."""
 _SUPERVISE_EVERY_S = 0.25
@@ -101,70 +88,31 @@ class RolloutStack:
         self.run_dir = run_dir
         self.serve = serve
         self.settings = engine
-        self.engine: Engine | EngineProcess | None = None
-        self.backend: Backend
-        self.weight_sync: WeightSync
-        if engine.backend == "embedded":
-            if engine.process:  # a dead engine child is replaced, serving the last published weights
-                self.engine = EngineProcess(
-                    model,
-                    tokenizer,
-                    restarts=EngineRestartPolicy(),
-                    max_batch_size=engine.max_batch_size,
-                    max_seq_len=engine.max_seq_len,
-                    retain_prefixes=engine.retain_prefixes,
-                    policy_version=policy_version,
-                    seed=seed,
-                )
-            else:
-                self.engine = Engine(
-                    model,
-                    tokenizer,
-                    max_batch_size=engine.max_batch_size,
-                    max_seq_len=engine.max_seq_len,
-                    retain_prefixes=engine.retain_prefixes,
-                    policy_version=policy_version,
-                    seed=seed,
-                )
-            self.backend = EngineBackend(self.engine, tokenizer, model_name=MODEL_NAME)
-            self.weight_sync = EmbeddedEngineSync(self.engine)
-        else:
-            assert engine.url is not None and engine.weights_dir is not None  # EngineSettings checks
-            api_key = engine.api_key.get_secret_value() if engine.api_key is not None else api_key_from_env()
-            upstream = UpstreamBackend(
-                engine.url,
-                engine.served_model,
-                api_key,
-                flavor=engine.backend,
-                tokenizer=tokenizer,
-                policy_version=policy_version,
+        self.serving = build_serving(engine, model, tokenizer, policy_version=policy_version, seed=seed)
+        self.engine = self.serving.engine
+        self.backend = self.serving.backend
+        if self.serving.weight_sync is None:
+            raise InvalidRequestError(
+                f"engine.backend = {engine.backend!r} can't take the trained weights (an upstream server "
+                "needs engine.weights_dir)"
             )
-            sync_type = VllmWeightSync if engine.backend == "vllm" else SglangWeightSync
-            self.backend = upstream
-            self.weight_sync = sync_type(
-                upstream,
-                engine.weights_dir,
-                model.config,
-                sync=engine.sync,
-                api_key=api_key,
-                timeout_s=engine.sync_timeout_s,
-            )
-        self.store_token = load_or_create_token(run_dir)
+        self.weight_sync: WeightSync = self.serving.weight_sync
+        self.model_name = engine.model_name
         # Served for outside runners: the secret must be one they can be given (and survive a resume).
-        self.gateway_secret = (
-            load_or_create_gateway_secret(run_dir) if serve is not None else secrets.token_urlsafe(24)
+        self.served = ServedStack(
+            StackApp(
+                store,
+                self.backend,
+                store_token=load_or_create_token(run_dir),
+                gateway_secret=load_or_create_gateway_secret(run_dir) if serve is not None else None,
+                run_dir=run_dir,
+            ),
+            host=serve.host if serve is not None else "127.0.0.1",
+            port=serve.port if serve is not None else 0,
         )
-        store_app = create_store_app(store, self.store_token, on_lease=self._leased, run_dir=run_dir)
-        self._dashboard = store_app.state.dashboard
-        gateway_app = create_gateway_app(store, self.backend, self.gateway_secret)
-        self.gateway: Gateway = gateway_app.state.gateway
-        store_app.mount(GATEWAY_MOUNT, gateway_app)
-        # Mounted apps get no lifespan events; the gateway binds to the serving loop on first use.
-        self.server = (
-            BackgroundServer(store_app, host=serve.host, port=serve.port)
-            if serve is not None
-            else BackgroundServer(store_app)
-        )
+        self.store_token = self.served.stack.store_token
+        self.gateway_secret = self.served.stack.gateway_secret
+        self.gateway = self.served.gateway
         self._ray: RayRunners | None = None
         self._ray_watch: asyncio.Task[None] | None = None
         self.join_command: str | None = None
@@ -183,11 +131,11 @@ class RolloutStack:
 
     @property
     def url(self) -> str:
-        return self.server.url
+        return self.served.url
 
     @property
     def gateway_url(self) -> str:
-        return self.server.url + GATEWAY_MOUNT
+        return self.served.gateway_url
 
     @property
     def public_url(self) -> str:
@@ -195,12 +143,12 @@ class RolloutStack:
         if self.serve is not None and self.serve.public_url:
             return self.serve.public_url.rstrip("/")
         if self.serve is not None:
-            return url_for_others(self.serve.host, self.server.port)
+            return url_for_others(self.serve.host, self.served.server.port)
         return self.url
 
     @property
     def dashboard_url(self) -> str:
-        return f"{self.server.url}/dashboard#token={self.store_token}"
+        return self.served.dashboard_url
 
     async def start(
         self,
@@ -215,10 +163,8 @@ class RolloutStack:
         # Refuse an agent the children could not import before starting anything.
         reference = agent_reference(agent) if runners.processes > 0 else None
         ray_agent = _ray_agent(agent) if runners.ray is not None else None
-        await self.weight_sync.check()
-        if self.engine is not None:
-            await asyncio.to_thread(self.engine.start)
-        await asyncio.to_thread(self.server.start)
+        await self.serving.start()
+        await self.served.start()
         url_file = self.run_dir / "store.url"
         tmp = url_file.with_suffix(".tmp")
         tmp.write_text(self.url + "\n", encoding="utf-8")
@@ -226,7 +172,9 @@ class RolloutStack:
         self._supervisor = asyncio.create_task(self._supervise(), name="rollout-stack-supervisor")
         if self.serve is not None:
             self.join_command = runner_join_command(
-                self.public_url, self.run_dir, _runner_args(agent, runners, rollout_timeout_s)
+                self.public_url,
+                self.run_dir,
+                _runner_args(agent, runners, rollout_timeout_s, self.model_name),
             )
             print(f"reinforge: runners join this run with\n  {self.join_command}", file=sys.stderr)
         if runners.ray is not None:
@@ -242,7 +190,7 @@ class RolloutStack:
                     gateway_url=self.gateway_url,
                     gateway_secret=self.gateway_secret,
                     concurrency=runners.concurrency,
-                    model=MODEL_NAME,
+                    model=self.model_name,
                     timeout_s=rollout_timeout_s,
                     log_dir=self.run_dir / "logs",
                     nice=runners.processes_nice,
@@ -267,9 +215,9 @@ class RolloutStack:
                 runner_id=f"trainer-runner-{i}",
                 timeout_s=rollout_timeout_s,
                 poll_seconds=1.0,
-                model=MODEL_NAME,
+                model=self.model_name,
                 drain_timeout_s=5.0,
-                on_lease=self._leased,
+                on_lease=self.served.stack.leased,
             )
             self._runners.append(asyncio.create_task(runner.run(stop=self._stop), name=f"runner-{i}"))
         self._write_pids()
@@ -288,7 +236,7 @@ class RolloutStack:
                 "gateway_url": self.public_url + GATEWAY_MOUNT,
                 "gateway_secret": self.gateway_secret,
                 "concurrency": runners.concurrency,
-                "model": MODEL_NAME,
+                "model": self.model_name,
                 "timeout_s": rollout_timeout_s,
                 "python_path": [os.getcwd(), *(p for p in sys.path if p)],
             }
@@ -369,11 +317,6 @@ class RolloutStack:
         os.replace(tmp, path)
         self._pids_written = pids
 
-    def _leased(self, leased: list[LeasedRollout]) -> None:
-        """The gateway learns of each leased attempt from the runner beside it or from the store's
-        lease route (runner processes), not by asking the store on the attempt's first call."""
-        self.gateway.attempts.remember_running(lr.attempt for lr in leased)
-
     @property
     def runner_pids(self) -> list[int]:
         """The runner children's process ids (none when the runners run in this process)."""
@@ -449,15 +392,9 @@ class RolloutStack:
             await asyncio.wait(self._runners, timeout=30)
         for task in self._runners:
             task.cancel()
-        with contextlib.suppress(Exception):
-            await self.gateway.flush()
-        self._dashboard.close()  # a browser's open event stream must not hold the stop
-        await asyncio.to_thread(self.server.stop)
-        if self.engine is not None:
-            await asyncio.to_thread(self.engine.stop)
-        await self.weight_sync.aclose()
-        if isinstance(self.backend, UpstreamBackend):
-            await self.backend.aclose()
+        with contextlib.suppress(Exception):  # the server stops even when the last flush fails
+            await self.served.stop()
+        await self.serving.aclose()
         (self.run_dir / "store.url").unlink(missing_ok=True)
         (self.run_dir / PROCESSES_FILE).unlink(missing_ok=True)
 
@@ -475,7 +412,10 @@ def _ray_agent(agent: Agent | AgentFunction | CommandAgent) -> dict[str, str]:
 
 
 def _runner_args(
-    agent: Agent | AgentFunction | CommandAgent, runners: RunnerSettings, rollout_timeout_s: float | None
+    agent: Agent | AgentFunction | CommandAgent,
+    runners: RunnerSettings,
+    rollout_timeout_s: float | None,
+    model_name: str,
 ) -> list[str]:
     """The `reinforge runner` options that run `agent` as this run's own runners do."""
     if isinstance(agent, CommandAgent):
@@ -486,7 +426,7 @@ def _runner_args(
             args = ["--agent", agent_reference(agent)]
         except InvalidRequestError:  # a lambda or nested function: nobody can import it by name
             args = ["--agent", "MODULE:FUNCTION"]
-    args += ["--concurrency", str(runners.concurrency), "--model", MODEL_NAME]
+    args += ["--concurrency", str(runners.concurrency), "--model", model_name]
     if rollout_timeout_s is not None:
         args += ["--timeout", str(rollout_timeout_s)]
     return args

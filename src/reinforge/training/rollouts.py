@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from reinforge.credit import CreditConfig, CreditMetrics, build_transitions
+from reinforge.stack.settings import MODEL_NAME
 from reinforge.store.protocol import Store
 from reinforge.training.config import RolloutSettings
 from reinforge.training.data import TaskSampler
-from reinforge.training.rollout_stack import MODEL_NAME, RolloutStack
+from reinforge.training.rollout_stack import RolloutStack
 from reinforge.training.scheduling import EnqueuedStep
 from reinforge.types import (
     MAX_PAGE_SIZE,

@@ -18,6 +18,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, P
 
 from reinforge.errors import InvalidRequestError
 from reinforge.inference.scripted import ScriptedBackend
+from reinforge.stack.settings import MODEL_NAME
 from reinforge.store.factory import open_store
 from reinforge.training.collect import (
     CollectReport,
@@ -27,7 +28,6 @@ from reinforge.training.collect import (
     tokenizer_fingerprint,
     trace_examples,
 )
-from reinforge.training.rollout_stack import MODEL_NAME
 from reinforge.training.run_config import (
     RunConfig,
     WarmStartSection,

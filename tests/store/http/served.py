@@ -7,17 +7,24 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 
 class ServedStore:
     """One `reinforge store serve` process on a run folder (port picked by the OS).
 
-    Run as `python -m reinforge.store.cli serve`: the same typer command that `reinforge store` mounts,
-    without importing the training stack (torch) on every start.
+    Run as `python -m reinforge.cli store serve`, as a user runs it (the training stack's torch is
+    imported only when a command needs it).
     """
 
-    def __init__(self, run_dir: Path, db: str | None = None, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        db: str | None = None,
+        env: dict[str, str] | None = None,
+        options: Sequence[str] = (),
+    ) -> None:
         self.run_dir = run_dir
         url_file = run_dir / "store.url"
         url_file.unlink(missing_ok=True)  # a SIGKILLed server leaves its URL file behind
@@ -34,6 +41,7 @@ class ServedStore:
         ]
         if db:
             args += ["--db", db]
+        args += options
         self.log = run_dir / f"serve-{time.monotonic_ns()}.log"
         with self.log.open("wb") as log:
             self.process = subprocess.Popen(

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from reinforge.store.cli import store_app
+from reinforge.cli import app
 from reinforge.store.http.client import HttpStoreClient
 from reinforge.types import RolloutSpec
 
@@ -50,7 +50,7 @@ def test_serve_writes_a_private_token_and_its_url(served: ServedStore) -> None:
 
 def test_status_by_run_dir(served: ServedStore, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("REINFORGE_STORE_TOKEN", raising=False)
-    result = runner.invoke(store_app, ["status", "--run-dir", str(served.run_dir)])
+    result = runner.invoke(app, ["store", "status", "--run-dir", str(served.run_dir)])
     assert result.exit_code == 0, result.output
     assert "rollouts queued" in result.output
     assert "3" in result.output
@@ -58,7 +58,7 @@ def test_status_by_run_dir(served: ServedStore, monkeypatch: pytest.MonkeyPatch)
 
 
 def test_status_json_by_url_and_token(served: ServedStore) -> None:
-    result = runner.invoke(store_app, ["status", "--store", served.url, "--token", served.token, "--json"])
+    result = runner.invoke(app, ["store", "status", "--store", served.url, "--token", served.token, "--json"])
     assert result.exit_code == 0, result.output
     counters = json.loads(result.output)
     assert counters["rollouts_by_status"] == {"queued": 3}
@@ -67,23 +67,23 @@ def test_status_json_by_url_and_token(served: ServedStore) -> None:
 
 
 def test_status_with_a_wrong_token_fails_clearly(served: ServedStore) -> None:
-    result = runner.invoke(store_app, ["status", "--store", served.url, "--token", "nope"])
+    result = runner.invoke(app, ["store", "status", "--store", served.url, "--token", "nope"])
     assert result.exit_code == 1
     assert "AuthenticationError" in result.output
 
 
 def test_status_of_a_database_file(tmp_path: Path) -> None:
     db = tmp_path / "direct.db"
-    result = runner.invoke(store_app, ["status", "--store", f"sqlite:///{db}", "--json"])
+    result = runner.invoke(app, ["store", "status", "--store", f"sqlite:///{db}", "--json"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["spans"] == 0
 
 
 def test_status_without_a_store_says_what_to_give(tmp_path: Path) -> None:
-    result = runner.invoke(store_app, ["status"])
+    result = runner.invoke(app, ["store", "status"])
     assert result.exit_code == 2
     assert "--store" in result.output
-    result = runner.invoke(store_app, ["status", "--run-dir", str(tmp_path)])
+    result = runner.invoke(app, ["store", "status", "--run-dir", str(tmp_path)])
     assert result.exit_code == 2
     assert "store.url" in result.output
 
@@ -92,7 +92,7 @@ def test_status_of_an_unreachable_server(tmp_path: Path) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    result = runner.invoke(store_app, ["status", "--store", f"http://127.0.0.1:{port}", "--token", "t"])
+    result = runner.invoke(app, ["store", "status", "--store", f"http://127.0.0.1:{port}", "--token", "t"])
     assert result.exit_code == 1
     assert "StoreUnavailableError" in result.output
 
@@ -102,7 +102,7 @@ def test_serve_refuses_a_busy_port(tmp_path: Path) -> None:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        result = runner.invoke(store_app, ["serve", "--run-dir", str(tmp_path), "--port", str(port)])
+        result = runner.invoke(app, ["store", "serve", "--run-dir", str(tmp_path), "--port", str(port)])
     assert result.exit_code == 2
     assert "--port" in result.output
 

@@ -23,17 +23,14 @@ import json
 import logging
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import httpx
 
 from reinforge.inference.upstream import UpstreamBackend
 from reinforge.net.keepalive_transport import KeepAliveTransport
-from reinforge.training.serving.folders import remove_folder, write_adapter, write_full_weights
-from reinforge.training.serving.protocol import StagedWeights, WeightSyncError
-
-if TYPE_CHECKING:
-    from reinforge.training.policy import Policy
+from reinforge.stack.weight_sync.folders import remove_folder, write_adapter, write_full_weights
+from reinforge.stack.weight_sync.protocol import ServedPolicy, StagedWeights, WeightSyncError
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +128,7 @@ class _UpstreamSync(ABC):
     def _folder(self, version: int) -> Path:
         return self.weights_dir / adapter_name(version)
 
-    async def stage(self, policy: Policy, version: int) -> StagedWeights:
+    async def stage(self, policy: ServedPolicy, version: int) -> StagedWeights:
         """Write the version's weights (off the event loop: in-process agents keep running on it)."""
         if self.sync == "lora":
             if policy.lora is None or policy.roles:

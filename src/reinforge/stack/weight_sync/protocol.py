@@ -11,17 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 
 from reinforge.errors import UpstreamError
-
-if TYPE_CHECKING:
-    from reinforge.training.policy import Policy
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +36,30 @@ class StagedWeights:
     folder: Path | None = None
 
 
+class ServedPolicy(Protocol):
+    """What a sync reads from the trained policy (`reinforge.training.Policy` is one); typed here so
+    that serving does not import training, which sits above it."""
+
+    @property
+    def model(self) -> torch.nn.Module:
+        """The trained model (with its peft adapter when LoRA-trained)."""
+        ...
+
+    @property
+    def lora(self) -> object | None:
+        """The LoRA settings it trains with (None: full weights)."""
+        ...
+
+    @property
+    def roles(self) -> Sequence[str]:
+        """One adapter per role (empty: the full model, or one shared adapter)."""
+        ...
+
+    def engine_state(self) -> Mapping[str, torch.Tensor]:
+        """The weights in the base model's names, as a server loads them."""
+        ...
+
+
 class WeightSync(Protocol):
     """Moves the serving backend to each new policy version (see the module docstring)."""
 
@@ -46,7 +67,7 @@ class WeightSync(Protocol):
         """Fail early, with what to fix, when the backend can't be synced (no server, wrong model)."""
         ...
 
-    async def stage(self, policy: Policy, version: int) -> StagedWeights:
+    async def stage(self, policy: ServedPolicy, version: int) -> StagedWeights:
         """Make `version`'s weights ready; the old version still serves."""
         ...
 

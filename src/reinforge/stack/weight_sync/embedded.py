@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from reinforge.engine.engine import Engine
 from reinforge.engine.process import EngineProcess
-from reinforge.training.serving.protocol import StagedWeights
-
-if TYPE_CHECKING:
-    from reinforge.training.policy import Policy
+from reinforge.stack.weight_sync.protocol import ServedPolicy, StagedWeights
 
 
 class EmbeddedEngineSync:
@@ -22,7 +17,7 @@ class EmbeddedEngineSync:
     async def check(self) -> None:
         return None
 
-    async def stage(self, policy: Policy, version: int) -> StagedWeights:
+    async def stage(self, policy: ServedPolicy, version: int) -> StagedWeights:
         return StagedWeights(version=version, state=policy.engine_state())
 
     async def switch(self, staged: StagedWeights) -> None:
