@@ -53,7 +53,9 @@ def list_command() -> None:
         typer.echo(f"{model.name}  [{model.family}, {model.license}]  {where}")
     for cached in list_cached():
         if cached.name not in PACKAGED_MODELS:
-            typer.echo(f"{cached.name}  [from a GGUF file]  cached  {cached.folder}  {_size(cached.size_bytes)}")
+            typer.echo(
+                f"{cached.name}  [from a GGUF file]  cached  {cached.folder}  {_size(cached.size_bytes)}"
+            )
 
 
 @models_app.command("prepare")
