@@ -216,6 +216,16 @@ def test_a_killed_conversion_s_temp_folder_is_ignored_and_cleaned(empty_cache: P
     assert _model_folders(empty_cache) == [".tmp-demo-two+running", "demo"]
 
 
+def test_a_cache_that_cannot_be_written_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv(MODELS_DIR_ENV_VAR, str(blocker / "cache"))
+    with pytest.raises(ModelSourceError, match=r"cannot write the models cache .*REINFORGE_MODELS_DIR"):
+        publish("demo", lambda out: out.mkdir())
+
+
 def test_a_failed_conversion_publishes_nothing(empty_cache: Path) -> None:
     def fail(out: Path) -> None:
         out.mkdir()

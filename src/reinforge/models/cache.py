@@ -60,7 +60,10 @@ def publish(name: str, write: Callable[[Path], None]) -> Path:
     """The cached folder `name`, made by `write(folder)` into a temp folder first if it is missing."""
     _check_name(name)
     root = models_dir()
-    root.mkdir(parents=True, exist_ok=True)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ModelSourceError(f"cannot write the models cache {root} (${ENV_VAR} moves it): {exc}") from exc
     final = root / name
     with _locked(root / f".{name}{_LOCK_SUFFIX}"):
         if final.is_dir():  # another process converted it while this one waited for the lock

@@ -72,6 +72,7 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
     out_dir.mkdir(parents=True)
     plain.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    del plain  # a third fp32 copy (the reload below) would be one too many for the bigger models
     ids = tokenizer(_CHECK_PROMPT, return_tensors="pt").input_ids
     reloaded = AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32)
     diff = (_logits(reloaded, ids) - _logits(loaded, ids)).abs().max().item()
