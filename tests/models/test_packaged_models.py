@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import huggingface_hub.constants
 import numpy as np
 import pytest
 import torch
@@ -20,6 +21,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, 
 from typer.testing import CliRunner
 
 from reinforge.cli import app
+from reinforge.errors import InvalidRequestError
 from reinforge.models import (
     MODELS_DIR_ENV_VAR,
     PACKAGED_MODELS,
@@ -278,6 +280,16 @@ def test_the_models_cli(in_cache: Path, tmp_path: Path) -> None:
     assert no_config.exit_code == 1 and "has no config.json" in no_config.output
 
 
+def test_the_cli_names_the_hub_when_a_hub_id_cannot_be_downloaded(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network here anyway
+    failed = CliRunner().invoke(app, ["models", "prepare", "HuggingFaceTB/SmolLM2-135M-Instruct"])
+    assert failed.exit_code == 1
+    assert "cannot download 'HuggingFaceTB/SmolLM2-135M-Instruct' from the model hub" in failed.output
+    assert _model_folders(empty_cache) == []
+
+
 def test_the_cli_removes_a_cached_model(empty_cache: Path) -> None:
     publish("demo", lambda out: (out.mkdir(), (out / "config.json").write_text("{}")))
     runner = CliRunner()
@@ -297,3 +309,7 @@ def test_trainer_and_toml_configs_take_the_packaged_name(in_cache: Path, tmp_pat
     assert trainer.tokenizer.pad_token_id == 2
     found, tokenizer = load_model_spec(SMOLLM2, tmp_path)
     assert (found, tokenizer) == (in_cache / SMOLLM2, None)
+    with pytest.raises(
+        InvalidRequestError, match="a packaged model \\(smollm2-135m-instruct, gemma3-270m\\)"
+    ):
+        load_model_spec("smollm3", tmp_path)

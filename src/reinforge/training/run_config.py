@@ -224,8 +224,8 @@ def load_model_spec(
         if _HUB_ID.fullmatch(spec):
             return spec, None
         raise InvalidRequestError(
-            f"model {name!r}: there is no folder {path}, and it is neither 'module:function' nor a "
-            "model hub id 'org/name'"
+            f"model {name!r}: there is no folder {path}, and it is neither 'module:function', a packaged "
+            f"model ({', '.join(PACKAGED_MODELS)}) nor a model hub id 'org/name'"
         )
     loader = load_callable(spec, base_dir, what="model")
     loaded = loader()
