@@ -6,6 +6,7 @@ from __future__ import annotations
 import typer
 
 from reinforge.demo.cli import demo_command
+from reinforge.models.cli import models_app
 from reinforge.runner.cli import runner_command
 from reinforge.stack.cli import serve_command
 from reinforge.store.cli import status_command
@@ -21,6 +22,7 @@ app = typer.Typer(
     rich_markup_mode=None,  # help texts name TOML sections in brackets, which rich markup would eat
 )
 app.add_typer(store_app, name="store")
+app.add_typer(models_app, name="models")
 app.command("runner")(runner_command)
 app.command("train")(train_command)
 app.command("sft")(sft_command)

@@ -1,6 +1,7 @@
 """`reinforge train config.toml`: a whole run described in one TOML file.
 
     [model]      path = "builtin:calc-warm-start" | a save_pretrained folder | "module:function"
+                 | a packaged model "smollm2-135m-instruct" | a "file.gguf" (both via the models cache)
                  | a model hub id "org/name" (when no folder of that name exists)
     [agent]      entry = "package.module:function"  (or command = "python agent.py", timeout_s = 60)
     [data]       train = "package.module:function" | "tasks.jsonl";  val = ... (optional)
@@ -38,6 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from reinforge.algorithms import Algorithm, algorithm_from_dict
 from reinforge.credit import CreditConfig
 from reinforge.errors import InvalidRequestError
+from reinforge.models import PACKAGED_MODELS, resolve_model
 from reinforge.runner import Agent, CommandAgent, load_agent
 from reinforge.training.config import TrainerConfig
 from reinforge.training.flat_settings import FlatSettingConflictError, upgrade_flat_settings
@@ -88,7 +90,8 @@ class WarmStartSection(BaseModel):
     recorded tokens; `[model] path` then names `out` for the RL run.
 
     Attributes:
-        base: the untrained model (a folder or a `module:function` returning `(model, tokenizer)`);
+        base: the untrained model (a folder, a packaged model's name, a `.gguf` file or a
+            `module:function` returning `(model, tokenizer)`);
             its tokenizer encodes the recorded conversations.
         policy: `module:function` taking a `GenerationRequest` and returning a reply (text, or a
             `ScriptedReply` / dict with tool calls): the scripted policy the agent runs against.
@@ -199,8 +202,9 @@ def load_run_config(path: Path, overrides: dict[str, Any] | None = None) -> RunC
 
 
 def load_model(config: RunConfig) -> tuple[PreTrainedModel | Path | str, PreTrainedTokenizerBase | None]:
-    """`[model] path`: a `save_pretrained` folder (its tokenizer loads with it), a `module:function`
-    (or a `BUILTIN_MODELS` name) whose function returns `(model, tokenizer)`, or a hub id."""
+    """`[model] path`: a `save_pretrained` folder (its tokenizer loads with it), a packaged model's
+    name or a `.gguf` file, a `module:function` (or a `BUILTIN_MODELS` name) whose function returns
+    `(model, tokenizer)`, or a hub id."""
     return load_model_spec(config.model.path, config.base_dir)
 
 
@@ -208,18 +212,24 @@ def load_model_spec(
     name: str, base_dir: Path
 ) -> tuple[PreTrainedModel | Path | str, PreTrainedTokenizerBase | None]:
     """A model named as `[model] path` names one, relative paths starting at `base_dir`: an existing
-    folder (a Path), a `module:function` loader's `(model, tokenizer)`, or else an `org/name` hub id,
+    folder (a Path), a `.gguf` file or a packaged model's name (its converted folder in the models
+    cache, a Path), a `module:function` loader's `(model, tokenizer)`, or else an `org/name` hub id,
     returned unchanged for `from_pretrained` to resolve (a str)."""
     spec = BUILTIN_MODELS.get(name, name)
-    path = Path(spec) if Path(spec).is_absolute() else base_dir / spec
+    path = Path(spec).expanduser()
+    path = path if path.is_absolute() else base_dir / spec
+    if path.is_file() and path.suffix == ".gguf":
+        return Path(resolve_model(path)), None
     if path.exists():
         return path, None
+    if spec in PACKAGED_MODELS:
+        return Path(resolve_model(spec)), None
     if not _LOADER.fullmatch(spec):
         if _HUB_ID.fullmatch(spec):
             return spec, None
         raise InvalidRequestError(
-            f"model {name!r}: there is no folder {path}, and it is neither 'module:function' nor a "
-            "model hub id 'org/name'"
+            f"model {name!r}: there is no folder {path}, and it is neither 'module:function', a packaged "
+            f"model ({', '.join(PACKAGED_MODELS)}) nor a model hub id 'org/name'"
         )
     loader = load_callable(spec, base_dir, what="model")
     loaded = loader()

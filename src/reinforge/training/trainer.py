@@ -28,6 +28,7 @@ from reinforge._heap import freeze_startup_heap
 from reinforge.algorithms import GRPO, PPO, Algorithm, compute_advantages
 from reinforge.credit import CreditConfig
 from reinforge.errors import InvalidRequestError
+from reinforge.models import resolve_model
 from reinforge.runner import Agent, AgentFunction, CommandAgent
 from reinforge.store.factory import open_store
 from reinforge.store.protocol import Store
@@ -103,8 +104,9 @@ class Trainer:
         **overrides: Any,
     ) -> None:
         if isinstance(model, str | Path):
-            # A folder, or (a str naming no folder) a hub id: from_pretrained resolves both.
-            path = str(model)
+            # A folder, a packaged model's name or a .gguf file (converted into the models cache), or
+            # else a hub id: resolve_model makes each something from_pretrained loads.
+            path = resolve_model(model)
             try:
                 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
                 tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
