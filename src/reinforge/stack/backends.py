@@ -63,11 +63,16 @@ def load_pretrained(model_dir: str | Path) -> tuple[Any, Any]:
     The one place a model named in settings becomes weights (`EngineSettings.model_dir`)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder = Path(model_dir)
-    if not (folder / "config.json").is_file():
-        raise InvalidRequestError(f"--model-dir {folder} has no config.json (a model folder)")
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder)
+    from reinforge.models import resolve_model
+
+    source = resolve_model(model_dir)  # a folder, a packaged model's cached folder, or a hub id
+    if Path(source).is_dir() and not (Path(source) / "config.json").is_file():
+        raise InvalidRequestError(f"--model-dir {source} has no config.json (a model folder)")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source)
+    except OSError as exc:
+        raise InvalidRequestError(f"cannot load the model {source!r}: {exc}") from exc
     model.eval()
     return model, tokenizer
 

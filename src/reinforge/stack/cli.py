@@ -132,7 +132,11 @@ def serve_command(
     max_body_bytes: Annotated[int, typer.Option("--max-body-bytes", min=1024)] = DEFAULT_MAX_BODY_BYTES,
     model_dir: Annotated[
         Path | None,
-        typer.Option("--model-dir", help="Gateway backend: the embedded engine on this model folder."),
+        typer.Option(
+            "--model-dir",
+            help="Gateway backend: the embedded engine on this model folder, a packaged model's name "
+            "(`reinforge models list`), a .gguf file or a hub id.",
+        ),
     ] = None,
     upstream: Annotated[
         str | None, typer.Option("--upstream", help="Gateway backend: a vLLM/SGLang server's root URL.")
