@@ -99,7 +99,7 @@ async def test_the_runner_retries_a_finish_its_tries_then_gives_up(tmp_path: Pat
 
 
 async def test_a_weight_sync_is_tried_its_retries_more_times_then_raises() -> None:
-    from reinforge.training.serving.protocol import StagedWeights, WeightSyncError, switch_with_retries
+    from reinforge.stack.weight_sync.protocol import StagedWeights, WeightSyncError, switch_with_retries
 
     class Flaky:
         def __init__(self, failures: int) -> None:
