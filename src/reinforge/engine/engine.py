@@ -25,10 +25,10 @@ import collections
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -38,14 +38,14 @@ from reinforge.engine.detokenizer import IncrementalDetokenizer, find_stop
 from reinforge.engine.errors import EngineError, EngineStoppedError
 from reinforge.engine.logit_shaping import GrammarCompiler, LogitShaper
 from reinforge.engine.model_runner import ModelRunner, SlotCacheRunner, make_runner
+from reinforge.engine.prefix_reuse import RetainedCache, RetainedCaches, plan_prefill, prefill_groups
 from reinforge.engine.sampling import RowParams, sample
+from reinforge.engine.sequence import EngineFinishReason, EngineSequence
 from reinforge.engine.weights import WeightsSource, apply_state_dict, check_state_dict, read_state_dict
 from reinforge.errors import InvalidRequestError
 from reinforge.inference.contract import SamplingParams
 
 logger = logging.getLogger(__name__)
-
-EngineFinishReason = Literal["stop", "length"]
 
 
 @dataclass(frozen=True)
@@ -69,64 +69,6 @@ class EngineDelta:
     token_ids: list[int]
     logprobs: list[float]
     text: str
-
-
-@dataclass
-class _Sequence:
-    """One request as the worker sees it; fields other than `cancelled` are touched only by the worker."""
-
-    prompt: list[int]
-    row: RowParams
-    max_new: int
-    stop_ids: frozenset[int]
-    stops: list[str]
-    loop: asyncio.AbstractEventLoop
-    queue: asyncio.Queue[tuple[str, Any]]
-    adapter: str | None = None
-    """The adapter asked for; at admission, None unless the engine holds one of that name."""
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    unsent: int = 0
-    version: int = 0
-    slot: int = -1
-    length: int = 0
-    pending: int = -1
-    detok: IncrementalDetokenizer | None = None
-    finish_reason: EngineFinishReason | None = None
-    cancelled: bool = False
-    streaming: bool = True
-    """Only streams get a token event per step: waking 64 `generate` callers every step for nothing
-    would cost the event loop's thread (and the GIL the worker needs) more than the step itself."""
-
-    @property
-    def reserved(self) -> int:
-        return len(self.prompt) + self.max_new
-
-
-@dataclass(eq=False)
-class _Retained:
-    """The cache of a finished sequence, kept in a free slot above the running ones so that a later
-    prompt starting with the same tokens (the next call of a conversation, the next request on the same
-    schema or template) copies it instead of recomputing it. Evicted, least recently used first, when
-    the running sequences need its slot; dropped at every weight update (its KV is the old policy's)."""
-
-    tokens: list[int]
-    """The tokens whose keys and values are in slot positions 0..len-1."""
-    adapter: str | None
-    slot: int
-    used: int
-    """When it was retained or last copied from (the engine's LRU clock)."""
-    key: tuple[str | None, tuple[int, ...]]
-    """Its adapter and first `prefix_min_tokens` tokens: the donor lookup key."""
-
-
-_Prefill = tuple["_Sequence", "_Sequence | _Retained | None", int]
-"""A newcomer, the sequence or retained entry whose cached prefix it copies (None: computed in full),
-and that prefix's length."""
-
-_MAX_PREFILL_WAVES = 4
-"""Prefill waves per admission at most (each a forward of its own): deeper chains of donors would cost
-more forwards than the shared prefixes save."""
 
 
 @dataclass
@@ -192,19 +134,17 @@ class Engine:
         else:
             self._shared_gen.manual_seed(seed)
         self._cond = threading.Condition()
-        self._inbox: list[_Sequence] = []
+        self._inbox: list[EngineSequence] = []
         self._updates: collections.deque[_Update] = collections.deque()
-        self._waiting: collections.deque[_Sequence] = collections.deque()
-        self._running: list[_Sequence] = []
-        self._admitting: list[_Sequence] = []
+        self._waiting: collections.deque[EngineSequence] = collections.deque()
+        self._running: list[EngineSequence] = []
+        self._admitting: list[EngineSequence] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._steps = 0
         self._peak_running = 0
         self._prefix_hits = 0
-        self._retained: list[_Retained] = []
-        self._retained_hits = 0
-        self._clock = 0
+        self._retained = RetainedCaches(prefix_min_tokens)
         self._adapters: dict[str, Adapter] = {}
         self._adapter_served: collections.Counter[str] = collections.Counter()
 
@@ -237,8 +177,8 @@ class Engine:
                 "steps": self._steps,
                 "peak_running": self._peak_running,
                 "prefix_cached_tokens": self._prefix_hits,
-                "prefix_retained_hits": self._retained_hits,
-                "retained_entries": len(self._retained),
+                "prefix_retained_hits": self._retained.hits,
+                "retained_entries": len(self._retained.entries),
                 "pending_updates": len(self._updates),
                 **{f"adapter_sequences/{name}": n for name, n in self._adapter_served.items()},
             }
@@ -365,7 +305,7 @@ class Engine:
 
     def _submit(
         self, prompt_ids: list[int], sampling: SamplingParams, *, streaming: bool, adapter: str | None = None
-    ) -> _Sequence:
+    ) -> EngineSequence:
         prompt = [int(t) for t in prompt_ids]
         if not prompt:
             raise InvalidRequestError("the prompt is empty")
@@ -383,7 +323,7 @@ class Engine:
         if sampling.seed is not None:
             generator = torch.Generator().manual_seed(sampling.seed)
         stops = [s for s in sampling.stop if s]
-        seq = _Sequence(
+        seq = EngineSequence(
             prompt=prompt,
             row=RowParams(
                 sampling.temperature,
@@ -410,7 +350,7 @@ class Engine:
             self._cond.notify_all()
         return seq
 
-    def _cancel(self, seq: _Sequence) -> None:
+    def _cancel(self, seq: EngineSequence) -> None:
         with self._cond:
             seq.cancelled = True
             self._cond.notify_all()
@@ -450,7 +390,7 @@ class Engine:
         if update is not None and not self._running:
             self._apply_update()
             update = None
-        events: list[tuple[_Sequence, tuple[str, Any]]] = []
+        events: list[tuple[EngineSequence, tuple[str, Any]]] = []
         if update is None and self._waiting and len(self._running) < self.max_batch_size:
             self._admit(events)
         if self._running:
@@ -488,9 +428,9 @@ class Engine:
             else:
                 u.loop.call_soon_threadsafe(_set_result, u.future)
 
-    def _admit(self, events: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
+    def _admit(self, events: list[tuple[EngineSequence, tuple[str, Any]]]) -> None:
         budget = self.max_num_tokens - sum(s.reserved for s in self._running)
-        chosen: list[_Sequence] = []
+        chosen: list[EngineSequence] = []
         while self._waiting and len(self._running) + len(chosen) < self.max_batch_size:
             head = self._waiting[0]
             if head.reserved > budget:
@@ -510,26 +450,29 @@ class Engine:
             # the retained caches too, up to max_batch_size: they are free slots that stay useful.
             batch = [*self._running, *chosen]
             longest = max([s.length for s in self._running] + [len(s.prompt) for s in chosen])
-            slots = min(self.max_batch_size, len(batch) + len(self._retained))
+            slots = min(self.max_batch_size, len(batch) + len(self._retained.entries))
             self._runner.reserve(slots, min(max(s.reserved for s in batch), max(64, 2 * longest)))
-        sampled: list[tuple[list[_Sequence], list[int], list[float]]] = []
+        sampled: list[tuple[list[EngineSequence], list[int], list[float]]] = []
+        newcomers = sorted(chosen, key=lambda s: len(s.prompt))
         waves = [
-            self._prefill_groups(wave, lambda item: len(item[0].prompt) - item[2])
-            for wave in self._plan_prefill(sorted(chosen, key=lambda s: len(s.prompt)))
+            prefill_groups(wave, lambda item: len(item[0].prompt) - item[2], self.prefill_max_tokens)
+            for wave in plan_prefill(newcomers, self._running, self._retained.entries, self.prefix_min_tokens)
         ]
         if waves:
             # Only wave 0 copies from retained caches (they count as running donors), so all its
             # copies go first, in one copy, before any of its prefills writes a slot one may live in;
             # the retained caches in slots the batch now covers move above it in that same copy.
             copies: list[tuple[int, int, int]] = []
-            self._clock += 1
+            self._retained.tick()
             for i, (_, donor, shared) in enumerate(item for group in waves[0] for item in group):
                 if donor is not None:
                     copies.append((donor.slot, len(self._running) + i, shared))
-                    if isinstance(donor, _Retained):
-                        donor.used = self._clock
-                        self._retained_hits += shared
-            self._runner.move_many(copies + self._make_room(len(self._running) + len(chosen)))
+                    if isinstance(donor, RetainedCache):
+                        self._retained.copied_from(donor, shared)
+            capacity = self._runner.slot_capacity()
+            self._runner.move_many(
+                copies + self._retained.make_room(len(self._running) + len(chosen), capacity)
+            )
         for index, groups in enumerate(waves):
             for group in groups:
                 first = len(self._running)
@@ -549,77 +492,12 @@ class Engine:
             self._accept(admitted, tokens, logprobs, events)
         self._admitting = []
 
-    def _plan_prefill(self, chosen: list[_Sequence]) -> list[list[_Prefill]]:
-        """Waves of prefill for the newcomers: each copies the KV of the longest prefix (at least
-        `prefix_min_tokens`) that a running sequence, a retained cache of a finished one, or a
-        newcomer of an earlier wave has cached (rollouts of one task, tasks sharing a chat template
-        and tools, a conversation going on), and computes only the rest. A wave is prefilled after
-        the ones before it, so a group of identical prompts computes one prompt in full and one
-        token for each of the others.
-        Only sequences with the same adapter share: another adapter's KV of the same tokens differs.
-        """
-        k = self.prefix_min_tokens
-        if not k:
-            return [[(seq, None, 0) for seq in chosen]]
-        donors: dict[tuple[str | None, tuple[int, ...]], list[tuple[_Sequence | _Retained, list[int]]]] = {}
-        for seq in self._running:
-            cached = (seq.prompt + seq.tokens)[: seq.length]
-            if len(cached) >= k:
-                donors.setdefault((seq.adapter, tuple(cached[:k])), []).append((seq, cached))
-        for entry in self._retained:  # after the running ones: on a tie, copy from a running sequence
-            donors.setdefault(entry.key, []).append((entry, entry.tokens))
-        wave_of: dict[int, int] = {}  # id(newcomer) -> its wave; running donors are wave -1
-        # Identical prompts (with one adapter) copy the first one.
-        first_of: dict[tuple[str | None, tuple[int, ...]], _Sequence] = {}
-        waves: list[list[_Prefill]] = []
-        for seq in chosen:
-            prompt = seq.prompt
-            twin = first_of.get((seq.adapter, tuple(prompt)))
-            donor: _Sequence | _Retained | None = None
-            shared = 0
-            if twin is not None and len(prompt) > k and wave_of[id(twin)] + 1 < _MAX_PREFILL_WAVES:
-                donor, shared = twin, len(prompt) - 1  # at least the last token is computed
-            else:
-                for candidate, tokens in donors.get((seq.adapter, tuple(prompt[:k])), []):
-                    wave = wave_of.get(id(candidate), -1)
-                    if wave + 1 >= _MAX_PREFILL_WAVES:
-                        continue
-                    n = _common_prefix(tokens, prompt, len(prompt) - 1)
-                    shallower = donor is not None and wave < wave_of.get(id(donor), -1)
-                    if n > shared or (n == shared and shallower):
-                        donor, shared = candidate, n
-                if shared < k:
-                    donor, shared = None, 0
-                if twin is None:
-                    first_of[(seq.adapter, tuple(prompt))] = seq
-                    if len(prompt) >= k:
-                        donors.setdefault((seq.adapter, tuple(prompt[:k])), []).append((seq, prompt))
-            wave = wave_of.get(id(donor), -1) + 1 if donor is not None else 0
-            wave_of[id(seq)] = wave
-            while len(waves) <= wave:
-                waves.append([])
-            waves[wave].append((seq, donor, shared))
-        return waves
-
-    def _prefill_groups(self, items: list[_Prefill], cost: Callable[[_Prefill], int]) -> list[list[_Prefill]]:
-        """Batches of at most `prefill_max_tokens` computed tokens (the runner packs prompts without
-        padding), in order of cost, so a forward's activation memory stays bounded."""
-        groups: list[list[_Prefill]] = []
-        used = 0
-        for item in sorted(items, key=cost):
-            if not groups or used + cost(item) > self.prefill_max_tokens:
-                groups.append([])
-                used = 0
-            groups[-1].append(item)
-            used += cost(item)
-        return groups
-
-    def _enter(self, group: list[_Sequence], first: int) -> None:
+    def _enter(self, group: list[EngineSequence], first: int) -> None:
         for i, seq in enumerate(group):
             seq.slot, seq.length, seq.version = first + i, len(seq.prompt), self._version
             self._running.append(seq)
 
-    def _decode(self, events: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
+    def _decode(self, events: list[tuple[EngineSequence, tuple[str, Any]]]) -> None:
         running = self._running
         self._peak_running = max(self._peak_running, len(running))
         logits = self._runner.decode(
@@ -633,12 +511,12 @@ class Engine:
 
     def _accept(
         self,
-        seqs: list[_Sequence],
+        seqs: list[EngineSequence],
         tokens: list[int],
         logprobs: list[float],
-        events: list[tuple[_Sequence, tuple[str, Any]]],
+        events: list[tuple[EngineSequence, tuple[str, Any]]],
     ) -> None:
-        finished: list[_Sequence] = []
+        finished: list[EngineSequence] = []
         for seq, token, logprob in zip(seqs, tokens, logprobs, strict=True):
             seq.tokens.append(token)
             seq.logprobs.append(logprob)
@@ -660,7 +538,7 @@ class Engine:
                 finished.append(seq)
         self._release(finished)
 
-    def _output(self, seq: _Sequence) -> EngineOutput:
+    def _output(self, seq: EngineSequence) -> EngineOutput:
         assert seq.finish_reason is not None
         text_tokens = seq.tokens[:-1] if seq.tokens[-1] in seq.stop_ids else seq.tokens
         text = str(
@@ -679,12 +557,12 @@ class Engine:
             num_prompt_tokens=len(seq.prompt),
         )
 
-    def _release(self, ended: list[_Sequence]) -> None:
+    def _release(self, ended: list[EngineSequence]) -> None:
         """Free the slots of `ended`, moving the last running sequences into them so slots stay
         packed; the caches move in one copy (from each moved sequence's slot before any move)."""
         if not ended:
             return
-        moved: dict[int, tuple[_Sequence, int]] = {}  # id -> (sequence, its slot before this call)
+        moved: dict[int, tuple[EngineSequence, int]] = {}  # id -> (sequence, its slot before this call)
         with self._cond:
             for seq in sorted(ended, key=lambda s: s.slot, reverse=True):
                 last = self._running.pop()
@@ -695,77 +573,14 @@ class Engine:
         moves = [(was, s.slot, s.length) for s, was in moved.values() if was != s.slot]
         # In the same copy (every source is read before any destination is written), the caches of
         # ended sequences whose slots the moved ones take go to the slots those leave.
-        self._runner.move_many(moves + self._retain(ended))
-
-    def _retain(self, ended: list[_Sequence]) -> list[tuple[int, int, int]]:
-        """Keep the caches of `ended` (already out of `_running`) as retained entries in the free slots
-        above the running ones, and return the moves that put them there. A cache that another
-        retained one (same adapter) already holds as a prefix of its own is not kept twice (a group
-        of identical greedy rollouts), and one it contains is replaced. Only slots the cache already
-        has are used: retaining never allocates."""
-        k = self.prefix_min_tokens
+        retain = self.retain_prefixes and self.prefix_min_tokens and not self._updates
         capacity = self._runner.slot_capacity()
-        if not (self.retain_prefixes and k and capacity) or self._updates:
-            return []  # a pending update would drop them before anyone could copy from them
-        by_key: dict[tuple[str | None, tuple[int, ...]], list[_Retained]] = {}
-        for entry in self._retained:
-            by_key.setdefault(entry.key, []).append(entry)
-        dropped: set[int] = set()
-        added: list[_Retained] = []
-        self._clock += 1
-        for seq in ended:
-            tokens = (seq.prompt + seq.tokens)[: seq.length]
-            if len(tokens) < k:
-                continue
-            key = (seq.adapter, tuple(tokens[:k]))
-            same = by_key.setdefault(key, [])
-            holder = next((e for e in same if e.tokens[: len(tokens)] == tokens), None)
-            if holder is not None:
-                holder.used = self._clock
-                continue
-            for entry in [e for e in same if tokens[: len(e.tokens)] == e.tokens]:
-                same.remove(entry)
-                dropped.add(id(entry))
-            entry = _Retained(tokens, seq.adapter, seq.slot, self._clock, key)
-            same.append(entry)
-            added.append(entry)
-        kept = [e for e in (*self._retained, *added) if id(e) not in dropped]
-        active = len(self._running)
-        taken = {e.slot for e in kept if e.slot >= active}
-        free = (slot for slot in range(active, capacity) if slot not in taken)
-        moves: list[tuple[int, int, int]] = []
-        self._retained = []
-        for entry in kept:
-            if entry.slot < active:  # a running sequence moves into its slot now
-                target = next(free, None)
-                if target is None:
-                    continue
-                moves.append((entry.slot, target, len(entry.tokens)))
-                entry.slot = target
-            self._retained.append(entry)
-        return moves
+        # A pending update would drop retained caches before anyone could copy from them.
+        kept = self._retained.retain(ended, len(self._running), capacity) if retain and capacity else []
+        self._runner.move_many(moves + kept)
 
-    def _make_room(self, active: int) -> list[tuple[int, int, int]]:
-        """Clear slots `0..active-1` of retained caches before the running sequences grow into them:
-        the most recently used that fit in the free slots above move there, the others are evicted.
-        Returns the moves (to run in one copy with the admission's prefix copies)."""
-        if all(e.slot >= active for e in self._retained):
-            return []
-        room = max(0, self._runner.slot_capacity() - active)
-        kept = sorted(self._retained, key=lambda e: e.used, reverse=True)[:room]
-        taken = {e.slot for e in kept if e.slot >= active}
-        free = (slot for slot in range(active, active + room) if slot not in taken)
-        moves: list[tuple[int, int, int]] = []
-        for entry in kept:
-            if entry.slot < active:
-                target = next(free)
-                moves.append((entry.slot, target, len(entry.tokens)))
-                entry.slot = target
-        self._retained = kept
-        return moves
-
-    def _deliver(self, events: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
-        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[_Sequence, tuple[str, Any]]]] = {}
+    def _deliver(self, events: list[tuple[EngineSequence, tuple[str, Any]]]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[EngineSequence, tuple[str, Any]]]] = {}
         for seq, event in events:
             by_loop.setdefault(seq.loop, []).append((seq, event))
         for loop, items in by_loop.items():
@@ -774,26 +589,9 @@ class Engine:
                 loop.call_soon_threadsafe(_put_all, items)
 
 
-def _put_all(items: list[tuple[_Sequence, tuple[str, Any]]]) -> None:
+def _put_all(items: list[tuple[EngineSequence, tuple[str, Any]]]) -> None:
     for seq, event in items:
         seq.queue.put_nowait(event)
-
-
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
-    """The length of the common prefix of `a` and `b` (at most `limit`), by bisecting with slice
-    comparisons: the planner compares each newcomer with every donor that shares its first tokens,
-    and a token-by-token Python loop over long shared prompts cost more than the comparisons."""
-    n = min(len(a), len(b), limit)
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _set_result(future: asyncio.Future[None]) -> None:

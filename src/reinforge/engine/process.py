@@ -242,21 +242,19 @@ class EngineProcess:
 
     def _remember(self, state: Mapping[str, torch.Tensor], version: int) -> None:
         """Apply a published update to the model a replacement child would start from (under the
-        lock a replacement is started under, so it never pickles a half-applied update)."""
-        with self._start_lock:
-            self._apply_to_image(state)
-            self._version = version
-
-    def _apply_to_image(self, state: Mapping[str, torch.Tensor]) -> None:
-        assert self._model is not None
-        base = {k: v for k, v in state.items() if not k.startswith(LORA_PREFIX)}
-        apply_state_dict(self._model, base)
+        lock a replacement is started under, so it never pickles a half-applied update). An adapter
+        named in an update is replaced whole."""
         named: dict[str, dict[str, torch.Tensor]] = {}
         for key, tensor in state.items():
             if key.startswith(LORA_PREFIX):
                 adapter = key[len(LORA_PREFIX) :].partition("/")[0]
                 named.setdefault(adapter, {})[key] = tensor.detach().clone()
-        self._adapters.update(named)  # an adapter named in an update is replaced whole
+        base = {k: v for k, v in state.items() if not k.startswith(LORA_PREFIX)}
+        with self._start_lock:
+            assert self._model is not None
+            apply_state_dict(self._model, base)
+            self._adapters.update(named)
+            self._version = version
 
     async def _until_serving(self) -> None:
         """Wait while a replacement child starts (calls made meanwhile are served by it)."""

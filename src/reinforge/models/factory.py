@@ -20,15 +20,18 @@ from transformers import (
 from reinforge.errors import InvalidRequestError
 
 
-def _common_config(
+def _config(
     tokenizer: PreTrainedTokenizerBase,
-    hidden_size: int,
-    num_layers: int,
-    num_heads: int,
-    intermediate_size: int,
-    num_kv_heads: int | None,
-    max_position_embeddings: int,
+    *,
+    hidden_size: int = 128,
+    num_layers: int = 4,
+    num_heads: int = 4,
+    intermediate_size: int = 512,
+    num_kv_heads: int | None = None,
+    max_position_embeddings: int = 2048,
 ) -> dict[str, Any]:
+    """The config fields both families share, sized to `tokenizer`, with tied embeddings; the one
+    place the tiny models' sizes and their defaults are declared."""
     if hidden_size % num_heads:
         raise InvalidRequestError(f"hidden_size={hidden_size} must be divisible by num_heads={num_heads}")
     kv_heads = num_kv_heads or num_heads
@@ -58,53 +61,17 @@ def _seeded(build: type[torch.nn.Module], config: object, seed: int) -> torch.nn
     return model
 
 
-def tiny_llama(
-    tokenizer: PreTrainedTokenizerBase,
-    hidden_size: int = 128,
-    num_layers: int = 4,
-    num_heads: int = 4,
-    intermediate_size: int = 512,
-    seed: int = 0,
-    *,
-    num_kv_heads: int | None = None,
-    max_position_embeddings: int = 2048,
-) -> LlamaForCausalLM:
-    """A randomly initialised Llama with tied embeddings sized to `tokenizer`."""
-    kwargs = _common_config(
-        tokenizer,
-        hidden_size,
-        num_layers,
-        num_heads,
-        intermediate_size,
-        num_kv_heads,
-        max_position_embeddings,
-    )
-    model = _seeded(LlamaForCausalLM, LlamaConfig(**kwargs), seed)
+def tiny_llama(tokenizer: PreTrainedTokenizerBase, seed: int = 0, **sizes: Any) -> LlamaForCausalLM:
+    """A randomly initialised Llama with tied embeddings sized to `tokenizer`; `sizes` are the
+    keywords of `_config` (hidden_size, num_layers, num_heads, intermediate_size, num_kv_heads,
+    max_position_embeddings)."""
+    model = _seeded(LlamaForCausalLM, LlamaConfig(**_config(tokenizer, **sizes)), seed)
     assert isinstance(model, LlamaForCausalLM)
     return model
 
 
-def tiny_qwen2(
-    tokenizer: PreTrainedTokenizerBase,
-    hidden_size: int = 128,
-    num_layers: int = 4,
-    num_heads: int = 4,
-    intermediate_size: int = 512,
-    seed: int = 0,
-    *,
-    num_kv_heads: int | None = None,
-    max_position_embeddings: int = 2048,
-) -> Qwen2ForCausalLM:
-    """A randomly initialised Qwen2 (biased q/k/v projections) with tied embeddings sized to `tokenizer`."""
-    kwargs = _common_config(
-        tokenizer,
-        hidden_size,
-        num_layers,
-        num_heads,
-        intermediate_size,
-        num_kv_heads,
-        max_position_embeddings,
-    )
-    model = _seeded(Qwen2ForCausalLM, Qwen2Config(**kwargs), seed)
+def tiny_qwen2(tokenizer: PreTrainedTokenizerBase, seed: int = 0, **sizes: Any) -> Qwen2ForCausalLM:
+    """A randomly initialised Qwen2 (biased q/k/v projections), sized as `tiny_llama` is."""
+    model = _seeded(Qwen2ForCausalLM, Qwen2Config(**_config(tokenizer, **sizes)), seed)
     assert isinstance(model, Qwen2ForCausalLM)
     return model

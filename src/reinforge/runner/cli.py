@@ -28,6 +28,7 @@ from pydantic import ValidationError
 
 from reinforge._event_loop import run_on_fast_loop
 from reinforge._heap import freeze_startup_heap
+from reinforge.cli_errors import exit_on_error
 from reinforge.errors import InvalidRequestError, ReinforgeError
 from reinforge.runner.agent import Agent, load_agent
 from reinforge.runner.command import CommandAgent
@@ -203,7 +204,7 @@ def runner_command(
     from reinforge.store.factory import open_store
 
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    try:
+    with exit_on_error():
         if (agent is None) == (agent_cmd is None):
             raise ReinforgeError("give exactly one of --agent module:function or --agent-cmd '...'")
         if not gateway_secret:
@@ -270,9 +271,6 @@ def runner_command(
         # Python agents run on uvloop (cheaper sockets and callbacks for their HTTP calls); command
         # agents on asyncio's loop, whose process spawning costs a fifth of uvloop's.
         stats, forced = asyncio.run(main()) if agent_cmd is not None else run_on_fast_loop(main)
-    except ReinforgeError as e:
-        typer.echo(f"error: {e}", err=True)
-        raise typer.Exit(2) from e
     typer.echo(
         f"runner done: leased {stats.leased}, succeeded {stats.succeeded}, failed {stats.failed} "
         f"(timed out {stats.timed_out}), stopped {stats.stopped}"

@@ -23,12 +23,12 @@ from typing import Annotated, Any
 
 import typer
 import uvicorn
-from pydantic import ValidationError
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from reinforge._event_loop import run_on_fast_loop
 from reinforge._heap import freeze_startup_heap
+from reinforge.cli_errors import exit_on_error
 from reinforge.errors import ReinforgeError
 from reinforge.net.route_protocol import RouteTableProtocol
 from reinforge.stack.app import GATEWAY_MOUNT, StackApp
@@ -164,7 +164,7 @@ def serve_command(
     from reinforge.stack.backends import Serving, build_serving
     from reinforge.store.factory import open_store
 
-    try:
+    with exit_on_error(ValueError):
         settings = engine_settings_from_options(
             model_dir=model_dir,
             upstream=upstream,
@@ -175,13 +175,6 @@ def serve_command(
             max_batch_size=max_batch_size,
             max_seq_len=max_seq_len,
         )
-    except ValidationError as exc:
-        messages = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
-        typer.echo(f"error: {messages}", err=True)
-        raise typer.Exit(2) from None
-    except ValueError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
     run_dir.mkdir(parents=True, exist_ok=True)
     db_url = db or default_db_url(run_dir)
     token = load_or_create_token(run_dir)

@@ -257,12 +257,7 @@ class MemoryStore:
     async def heartbeat(self, attempt_id: str, lease_seconds: float = 60.0) -> Attempt:
         rules.check_lease_seconds(lease_seconds)
         with self._lock:
-            self._check_open()
-            now = time.time()
-            self._expire(now)
-            attempt = self._get_attempt(attempt_id)
-            if attempt.status is not AttemptStatus.running:
-                raise StaleAttemptError(_stale_message(attempt))
+            attempt, now = self._running_attempt(attempt_id)
             attempt.lease_deadline = now + lease_seconds
             attempt.last_heartbeat = now
             self._deadlines.push(attempt)
@@ -271,12 +266,7 @@ class MemoryStore:
     async def finish_attempt(self, attempt_id: str, outcome: AttemptOutcome) -> Rollout:
         outcome = rules.check_outcome(outcome)
         with self._lock:
-            self._check_open()
-            now = time.time()
-            self._expire(now)
-            attempt = self._get_attempt(attempt_id)
-            if attempt.status is not AttemptStatus.running:
-                raise StaleAttemptError(_stale_message(attempt))
+            attempt, now = self._running_attempt(attempt_id)
             attempt.status = AttemptStatus(outcome.status)
             attempt.finished_at = now
             attempt.reward = outcome.reward
@@ -506,6 +496,17 @@ class MemoryStore:
         if attempt is None:
             raise NotFoundError(f"attempt {attempt_id!r} not found")
         return attempt
+
+    def _running_attempt(self, attempt_id: str) -> tuple[Attempt, float]:
+        """The attempt a runner still holds (leases past their deadline expire first) and the time
+        now; StaleAttemptError when it is no longer running. Called under the lock."""
+        self._check_open()
+        now = time.time()
+        self._expire(now)
+        attempt = self._get_attempt(attempt_id)
+        if attempt.status is not AttemptStatus.running:
+            raise StaleAttemptError(_stale_message(attempt))
+        return attempt, now
 
     def _require_rollouts(self, ids: list[str]) -> None:
         missing = [i for i in ids if i not in self._rollouts]

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from reinforge.errors import ReinforgeError
+from reinforge.cli_errors import exit_on_error
 
 
 def train_command(
@@ -54,7 +54,7 @@ def train_command(
         nproc = int(os.environ[LAUNCHED_NPROC_ENV])  # started by `--nproc` below
     if nproc is not None:
         overrides["distributed"] = {"nproc": nproc}
-    try:
+    with exit_on_error():
         torch.set_num_threads(1)
         cfg = load_run_config(config, overrides)
         processes = cfg.trainer.distributed.nproc
@@ -77,9 +77,6 @@ def train_command(
             model, tokenizer, algorithm=cfg.algorithm_config(), credit=cfg.credit, config=cfg.trainer
         )
         result = trainer.fit(agent, train, val)
-    except ReinforgeError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
     if is_follower():  # rank 0 reports the run
         return
     summary = "  ".join(f"{k}={v:.3f}" for k, v in result.val_after.items())
@@ -109,7 +106,7 @@ def sft_command(
     from reinforge.training.run_config import load_run_config
     from reinforge.training.warm_start import build_warm_start
 
-    try:
+    with exit_on_error():
         torch.set_num_threads(1)
         cfg = load_run_config(config)
         if steps is not None and cfg.warm_start is not None:
@@ -128,9 +125,6 @@ def sft_command(
                 window.clear()
 
         report = asyncio.run(build_warm_start(cfg, recollect=recollect, on_step=progress, log=typer.echo))
-    except ReinforgeError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from exc
     typer.echo(
         f"trained {report.sft.steps} steps ({report.sft.precision}) on {report.examples} sequences "
         f"in {report.sft.seconds:.0f}s "

@@ -86,12 +86,9 @@ async def collect_traces(
     running: asyncio.Task[object] | None = None
     if reference is not None:
         children = RunnerProcesses(
-            RunnerProcessSettings(
-                agent=reference,
-                store_url=served.url,
-                store_token=stack.store_token,
-                gateway_url=served.gateway_url,
-                gateway_secret=stack.gateway_secret,
+            RunnerProcessSettings.for_stack(
+                served,
+                reference,
                 concurrency=concurrency,
                 model=MODEL_NAME,
                 timeout_s=timeout_s,

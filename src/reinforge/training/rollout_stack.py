@@ -183,12 +183,9 @@ class RolloutStack:
             return self
         if reference is not None:
             self._processes = RunnerProcesses(
-                RunnerProcessSettings(
-                    agent=reference,
-                    store_url=self.url,
-                    store_token=self.store_token,
-                    gateway_url=self.gateway_url,
-                    gateway_secret=self.gateway_secret,
+                RunnerProcessSettings.for_stack(
+                    self.served,
+                    reference,
                     concurrency=runners.concurrency,
                     model=self.model_name,
                     timeout_s=rollout_timeout_s,

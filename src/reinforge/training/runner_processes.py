@@ -26,12 +26,15 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from reinforge.errors import InvalidRequestError
 from reinforge.restarts import DeathWindow, RestartPolicy
 from reinforge.runner.agent import Agent, attribute_at
 from reinforge.runner.command import CommandAgent
+
+if TYPE_CHECKING:
+    from reinforge.stack.app import ServedStack
 
 _LOG_TAIL_CHARS = 2000
 
@@ -92,6 +95,32 @@ class RunnerProcessSettings:
     log_dir: Path
     nice: int = 0
     """Added to the children's niceness: a lower CPU priority than the trainer's process."""
+
+    @classmethod
+    def for_stack(
+        cls,
+        served: ServedStack,
+        agent: str,
+        *,
+        concurrency: int,
+        model: str,
+        timeout_s: float | None,
+        log_dir: Path,
+        nice: int = 0,
+    ) -> RunnerProcessSettings:
+        """Children of the stack `served` in this process: its URLs and secrets, and how to run."""
+        return cls(
+            agent=agent,
+            store_url=served.url,
+            store_token=served.stack.store_token,
+            gateway_url=served.gateway_url,
+            gateway_secret=served.stack.gateway_secret,
+            concurrency=concurrency,
+            model=model,
+            timeout_s=timeout_s,
+            log_dir=log_dir,
+            nice=nice,
+        )
 
 
 class RunnerCrashLoopError(RuntimeError):
