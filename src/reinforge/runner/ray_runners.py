@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 from reinforge.errors import InvalidRequestError, ReinforgeError
-from reinforge.runner.runner import DEFAULT_MODEL
+from reinforge.runner.runner import DEFAULT_MODEL, RunnerStats
 from reinforge.types import RolloutMode
 
 log = logging.getLogger(__name__)
@@ -141,14 +141,9 @@ class _Slot:
 
 
 @dataclass
-class RayRunnerTotals:
-    """The actors' counts, added up over every actor that returned its counts."""
+class RayRunnerTotals(RunnerStats):
+    """The actors' `RunnerStats`, added up over every actor that returned its counts."""
 
-    leased: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    timed_out: int = 0
-    stopped: int = 0
     replaced: int = 0
     """Actors that died mid-run and were replaced."""
     lost: list[str] = field(default_factory=list)
