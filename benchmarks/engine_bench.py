@@ -103,10 +103,10 @@ def build(args: argparse.Namespace) -> tuple[torch.nn.Module, Any, list[Request]
     tokenizer = build_tokenizer(corpus, vocab_size=args.vocab)
     model = tiny_llama(
         tokenizer,
-        args.hidden,
-        args.layers,
-        args.heads,
-        args.intermediate,
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        intermediate_size=args.intermediate,
         seed=args.seed,
         num_kv_heads=args.kv_heads,
     )

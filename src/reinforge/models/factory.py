@@ -61,7 +61,7 @@ def _seeded(build: type[torch.nn.Module], config: object, seed: int) -> torch.nn
     return model
 
 
-def tiny_llama(tokenizer: PreTrainedTokenizerBase, seed: int = 0, **sizes: Any) -> LlamaForCausalLM:
+def tiny_llama(tokenizer: PreTrainedTokenizerBase, *, seed: int = 0, **sizes: Any) -> LlamaForCausalLM:
     """A randomly initialised Llama with tied embeddings sized to `tokenizer`; `sizes` are the
     keywords of `_config` (hidden_size, num_layers, num_heads, intermediate_size, num_kv_heads,
     max_position_embeddings)."""
@@ -70,7 +70,7 @@ def tiny_llama(tokenizer: PreTrainedTokenizerBase, seed: int = 0, **sizes: Any) 
     return model
 
 
-def tiny_qwen2(tokenizer: PreTrainedTokenizerBase, seed: int = 0, **sizes: Any) -> Qwen2ForCausalLM:
+def tiny_qwen2(tokenizer: PreTrainedTokenizerBase, *, seed: int = 0, **sizes: Any) -> Qwen2ForCausalLM:
     """A randomly initialised Qwen2 (biased q/k/v projections), sized as `tiny_llama` is."""
     model = _seeded(Qwen2ForCausalLM, Qwen2Config(**_config(tokenizer, **sizes)), seed)
     assert isinstance(model, Qwen2ForCausalLM)
