@@ -11,16 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from reinforge.semconv import (
-    AIR_TOOL_ERROR,
-    ATTR_AGENT_NAME,
-    ATTR_AIR_SIGNAL,
-    ATTR_FRAMEWORK,
-    ATTR_STEP_KIND,
-    ATTR_TOOL_NAME,
-    STEP_AGENT,
-    STEP_TOOL,
-)
+from reinforge.runner.frameworks.steps import agent_step_attributes, tool_step_attributes
+from reinforge.semconv import ATTR_STEP_KIND
 from reinforge.tracing.provider import add_span_translator, install_global_tracer_provider
 from reinforge.types import Span, SpanStatusCode
 
@@ -49,18 +41,14 @@ def genai_steps(span: Span) -> Span:
     operation = attrs.get(OPERATION)
     tool = _name(attrs.get(TOOL_NAME))
     agent = _name(attrs.get(AGENT_NAME))
-    added: dict[str, Any] = {ATTR_FRAMEWORK: FRAMEWORK}
     if operation == "execute_tool" or tool is not None:
-        added[ATTR_STEP_KIND] = STEP_TOOL
-        added[ATTR_TOOL_NAME] = tool or span.name.removeprefix("execute_tool ")
-        if span.status.code == SpanStatusCode.error or ERROR_TYPE in attrs:
-            added[ATTR_AIR_SIGNAL] = AIR_TOOL_ERROR
+        failed = span.status.code == SpanStatusCode.error or ERROR_TYPE in attrs
+        name = tool or span.name.removeprefix("execute_tool ")
+        added = tool_step_attributes(name, FRAMEWORK, agent, failed=failed)
     elif operation == "invoke_agent":
-        added[ATTR_STEP_KIND] = STEP_AGENT
+        added = agent_step_attributes(agent, FRAMEWORK)
     else:
         return span
-    if agent is not None:
-        added[ATTR_AGENT_NAME] = agent
     return span.model_copy(update={"attributes": {**attrs, **added}})
 
 

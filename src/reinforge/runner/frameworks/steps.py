@@ -57,15 +57,34 @@ class Step:
         self.otel.end()
 
 
+def tool_step_attributes(
+    name: str, framework: str, agent: str | None, *, failed: bool = False
+) -> dict[str, Any]:
+    """What makes a span a tool step of `agent` (a failed one carries AIR's `tool_error` signal):
+    the one mapping for framework hooks and for translated GenAI spans."""
+    attrs: dict[str, Any] = {ATTR_STEP_KIND: STEP_TOOL, ATTR_TOOL_NAME: name, ATTR_FRAMEWORK: framework}
+    if failed:
+        attrs[ATTR_AIR_SIGNAL] = AIR_TOOL_ERROR
+    return _with_agent(attrs, agent)
+
+
+def agent_step_attributes(name: str | None, framework: str) -> dict[str, Any]:
+    """What makes a span an agent step; credit names the calls inside it `name` when there is one."""
+    return _with_agent({ATTR_STEP_KIND: STEP_AGENT, ATTR_FRAMEWORK: framework}, name)
+
+
+def _with_agent(attrs: dict[str, Any], agent: str | None) -> dict[str, Any]:
+    if agent is not None:
+        attrs[ATTR_AGENT_NAME] = agent
+    return attrs
+
+
 def start_tool(name: str, framework: str, parent: Step | None = None) -> Step | None:
     """A tool step of the current attempt, or None outside a recording attempt."""
     attempt = recording_attempt()
     if attempt is None:
         return None
-    attrs: dict[str, Any] = {ATTR_STEP_KIND: STEP_TOOL, ATTR_TOOL_NAME: name, ATTR_FRAMEWORK: framework}
-    if attempt.agent_name is not None:
-        attrs[ATTR_AGENT_NAME] = attempt.agent_name
-    return _start(name, attrs, parent, is_tool=True)
+    return _start(name, tool_step_attributes(name, framework, attempt.agent_name), parent, is_tool=True)
 
 
 def start_agent(name: str, framework: str, parent: Step | None = None) -> Step | None:
@@ -73,8 +92,7 @@ def start_agent(name: str, framework: str, parent: Step | None = None) -> Step |
     attempt."""
     if recording_attempt() is None:
         return None
-    attrs = {ATTR_STEP_KIND: STEP_AGENT, ATTR_AGENT_NAME: name, ATTR_FRAMEWORK: framework}
-    return _start(name, attrs, parent, is_tool=False)
+    return _start(name, agent_step_attributes(name, framework), parent, is_tool=False)
 
 
 def _start(name: str, attrs: dict[str, Any], parent: Step | None, *, is_tool: bool) -> Step:
