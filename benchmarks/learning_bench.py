@@ -21,6 +21,11 @@ training, for the equal+air credit the demo uses.
 
     .venv/bin/python benchmarks/learning_bench.py              # 20 steps per run, 200 held-out tasks
     .venv/bin/python benchmarks/learning_bench.py --quick      # 2 steps of 8 tasks x 4, smoke run
+    .venv/bin/python benchmarks/learning_bench.py --temperature 0.7   # trained and validated at 0.7
+
+Every run also prints its first step's `policy/behaviour_drift` (mean |log π_old - log π_behaviour|
+before any update: zero up to float noise when the engine and the trainer agree on the behaviour
+logprob), and `RESULT temperature=<t> step1_behaviour_drift=<largest over the runs>`.
 """
 
 from __future__ import annotations
@@ -129,7 +134,9 @@ def run_variant(variant: Variant, warm: Path, args: argparse.Namespace, out_dir:
             progress=False,
             optim=OptimSettings(learning_rate=args.learning_rate),
             # The demo's serving settings (reinforge.demo.run), so the runs match `reinforge demo`.
-            rollouts=RolloutSettings(tasks_per_step=args.tasks_per_step, max_tokens=48),
+            rollouts=RolloutSettings(
+                tasks_per_step=args.tasks_per_step, max_tokens=48, temperature=args.temperature
+            ),
             runners=RunnerSettings(concurrency=128),
             engine=EngineSettings(max_batch_size=128),
             schedule=ScheduleSettings(max_steps=args.steps, val_every=0, val_greedy=not args.no_greedy),
@@ -194,6 +201,12 @@ def describe(summary: dict[str, Any]) -> str:
         f"transitions/step {_mean(h, 'transitions'):.0f}, "
         f"trained tokens/step {_mean(h, 'credit/trained_tokens'):.0f}",
     ]
+    if h:
+        lines.append(
+            f"    step 1: behaviour drift {float(h[0].get('policy/behaviour_drift', nan)):.2e} "
+            f"(max {float(h[0].get('policy/behaviour_drift_max', nan)):.2e}), "
+            f"TIS weight {float(h[0].get('tis/weight_mean', nan)):.4f}"
+        )
     drop = before.get("val/success", 0.0) - after.get("val/success", 0.0)
     if drop > 0.05:
         lines.append(f"    COLLAPSE: held-out sampled success fell by {drop:.3f}")
@@ -210,6 +223,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tasks-per-step", type=int, default=None)
     parser.add_argument("--group-size", type=int, default=None)
     parser.add_argument("--learning-rate", type=float, default=demo.learning_rate)
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=1.0,
+        help="sampling temperature of training and sampled validation (the policy is trained at it)",
+    )
     parser.add_argument("--val-size", type=int, default=None)
     parser.add_argument(
         "--loss-agg",
@@ -361,6 +380,13 @@ def main() -> None:
             f"first-step policy gradient from the warm start, spans of {source.name} (vs merged, token-mean):"
         )
         print("\n".join(gradient_check(source, warm, args.group_size)))
+    drifts = [
+        float(v["history"][0].get("policy/behaviour_drift", "nan"))
+        for v in summaries.values()
+        if v["history"]
+    ]
+    if drifts:
+        print(f"RESULT temperature={args.temperature} step1_behaviour_drift={max(drifts):.2e}")
     per_call = summaries.get("per_call/equal+air")
     merged = summaries.get("merged/equal+air")
     if per_call is None or merged is None:

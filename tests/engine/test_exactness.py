@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from inference.reference_sampling import processed_logprobs
 from reinforge.engine import Engine
 from reinforge.inference.contract import SamplingParams
 
@@ -55,16 +56,19 @@ async def test_cpu_logprobs_equal_full_forward_recompute(
 ) -> None:
     model = request.getfixturevalue(arch)
     engine = make_engine(model, tokenizer, max_batch_size=8)
-    batch = prompts(tokenizer, 8)
+    batch = prompts(tokenizer, 12)
     params = [
         SamplingParams(temperature=t, top_p=p, top_k=k, max_tokens=20, seed=i)
-        for i, (t, p, k) in enumerate([(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 5), (0.0, 1.0, 0)] * 2)
+        for i, (t, p, k) in enumerate(
+            [(1.0, 1.0, 0), (0.7, 0.9, 0), (1.3, 1.0, 5), (0.0, 1.0, 0), (0.5, 0.8, 20), (1.5, 0.95, 0)] * 2
+        )
     ]
     outs = await asyncio.gather(*(engine.generate(p, s) for p, s in zip(batch, params, strict=True)))
-    for prompt, out in zip(batch, outs, strict=True):
+    for prompt, out, s in zip(batch, outs, params, strict=True):
         ids = torch.tensor([prompt + out.token_ids])
         with torch.no_grad():
-            logprobs = torch.log_softmax(model(ids).logits[0].float(), dim=-1)
+            # The logprob under the distribution sampled from (temperature, top-k, top-p).
+            logprobs = processed_logprobs(model(ids).logits[0], s.temperature, s.top_p, s.top_k)
         positions = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(out.token_ids))
         expected = logprobs[positions, torch.tensor(out.token_ids)]
         assert len(out.logprobs) == len(out.token_ids)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from inference.reference_sampling import processed_logprobs
 from reinforge.engine import Engine, EngineDelta, EngineOutput
 from reinforge.inference.contract import SamplingParams
 
@@ -60,7 +61,7 @@ async def test_cpu_a_conversation_continues_from_a_running_sequence(
     # Exactly what a full forward gives: the logprobs match a recompute within float32 noise.
     ids = torch.tensor([follow + out.token_ids])
     with torch.no_grad():
-        logprobs = torch.log_softmax(llama(ids).logits[0], dim=-1)
+        logprobs = processed_logprobs(llama(ids).logits[0], follow_params.temperature)
     n = len(out.token_ids)
     expected = logprobs[torch.arange(len(follow) - 1, len(follow) - 1 + n), torch.tensor(out.token_ids)]
     assert torch.allclose(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)

@@ -8,7 +8,10 @@ folders the trainer writes (safetensors, or a peft adapter), and records
   show two), and when it ran;
 - every sync call: when it started and ended, and whether it applied.
 Generation picks up the served weights afresh at every token and yields between tokens, so a switch
-that lands while a call runs really does mix versions in that call.
+that lands while a call runs really does mix versions in that call. Tokens are sampled as the real
+servers sample them (temperature, then top-k, then top-p over the top-k renormalised) and reported
+with the logprobs each server returns (`returned_logprobs`: vLLM's `--logprobs-mode`, SGLang's
+SGLANG_RETURN_ORIGINAL_LOGPROB).
 
 A failure can be queued per route (`fail(path, mode)`): "error" answers HTTP 500, "refuse" answers
 the server's own refusal (vLLM's 400 ErrorResponse, SGLang's `success: false`), "hang" answers only
@@ -34,6 +37,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
+
+from inference.reference_sampling import processed_logprobs, sglang_logprobs
 
 FORMATS = Path(__file__).parent.parent / "fixtures" / "upstream" / "weight_sync"
 
@@ -159,6 +164,8 @@ class FakeServer:
         """Sample token by token with whatever weights `pick` gives at each token."""
         max_tokens = int(sampling.get("max_tokens") or sampling.get("max_new_tokens") or 16)
         temperature = float(sampling.get("temperature", 1.0))
+        top_p = float(sampling.get("top_p", 1.0))
+        top_k = max(int(sampling.get("top_k", -1)), 0)
         seed = sampling.get("seed", sampling.get("sampling_seed"))
         gen = torch.Generator().manual_seed(int(seed) if seed is not None else uuid.uuid4().int % 2**31)
         ids: list[int] = []
@@ -170,14 +177,13 @@ class FakeServer:
             weights = pick()
             with torch.no_grad():
                 logits = weights.model(torch.tensor([prompt + ids])).logits[0, -1].float()
+            sampled_from = processed_logprobs(logits[None], temperature, top_p, top_k)[0]
             if temperature == 0:
                 token = int(torch.argmax(logits))
-                logp = torch.log_softmax(logits, -1)
             else:
-                logp = torch.log_softmax(logits / temperature, -1)
-                token = int(torch.multinomial(logp.exp(), 1, generator=gen))
+                token = int(torch.multinomial(sampled_from.exp(), 1, generator=gen))
             ids.append(token)
-            logprobs.append(float(logp[token]))
+            logprobs.append(float(self.returned_logprobs(logits, sampled_from, temperature, top_p)[token]))
             tags.append(weights.tag)
             if token == self.tokenizer.eos_token_id:
                 finish = "stop"
@@ -210,6 +216,12 @@ class FakeServer:
     def app(self) -> Starlette:
         raise NotImplementedError("FakeVllm and FakeSglang define their routes")
 
+    def returned_logprobs(
+        self, logits: torch.Tensor, sampled_from: torch.Tensor, temperature: float, top_p: float
+    ) -> torch.Tensor:
+        """The logprobs [vocab] the server reports for a token sampled from `sampled_from`."""
+        raise NotImplementedError("FakeVllm and FakeSglang say what their server returns")
+
 
 class FakeVllm(FakeServer):
     """`vllm serve <model_dir> --served-model-name <served_model> --enable-lora` with
@@ -217,6 +229,16 @@ class FakeVllm(FakeServer):
 
     server_kind = "vllm"
     model_dir: Path = Path(".")
+    logprobs_mode = "processed_logprobs"
+    """vLLM's `--logprobs-mode` (what docs/gateway.md says to start it with); vLLM's own default is
+    "raw_logprobs", the model's distribution before temperature and truncation."""
+
+    def returned_logprobs(
+        self, logits: torch.Tensor, sampled_from: torch.Tensor, temperature: float, top_p: float
+    ) -> torch.Tensor:
+        if self.logprobs_mode == "processed_logprobs":
+            return sampled_from
+        return torch.log_softmax(logits, dim=-1)
 
     def app(self) -> Starlette:
         return Starlette(
@@ -367,6 +389,16 @@ class FakeSglang(FakeServer):
     """`python -m sglang.launch_server --model-path <model> --enable-lora`."""
 
     server_kind = "sglang"
+    return_original_logprob = False
+    """SGLang's SGLANG_RETURN_ORIGINAL_LOGPROB: unset (its default and ours), the logprobs at the
+    temperature renormalised over top-p (top-k left out); set, the raw model's."""
+
+    def returned_logprobs(
+        self, logits: torch.Tensor, sampled_from: torch.Tensor, temperature: float, top_p: float
+    ) -> torch.Tensor:
+        if self.return_original_logprob:
+            return torch.log_softmax(logits, dim=-1)
+        return sglang_logprobs(logits[None], temperature, top_p)[0]
 
     def app(self) -> Starlette:
         return Starlette(

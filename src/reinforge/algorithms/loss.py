@@ -132,7 +132,9 @@ def policy_loss(
         metrics["tis/weight_mean"] = _masked_mean(is_weight, mask)
         metrics["tis/capped_frac"] = _masked_mean((raw > config.tis_cap).to(mask.dtype), mask)
     if old_logprobs is not None:
-        metrics["policy/behaviour_drift"] = _masked_mean((old_logprobs - behaviour_logprobs).abs(), mask)
+        gap = torch.where(mask > 0, (old_logprobs - behaviour_logprobs).abs(), torch.zeros_like(logprobs))
+        metrics["policy/behaviour_drift"] = _masked_mean(gap, mask)
+        metrics["policy/behaviour_drift_max"] = float(gap.detach().max()) if gap.numel() else 0.0
 
     pg_loss = (per_token * weights).sum()
     loss = pg_loss

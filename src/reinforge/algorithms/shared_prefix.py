@@ -15,7 +15,7 @@ from torch import nn
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from reinforge.algorithms.batch import TokenBatch
-from reinforge.algorithms.logprobs import TokenLogprobs
+from reinforge.algorithms.logprobs import TokenLogprobs, check_sampling, target_logprobs
 
 MIN_SAVING = 0.8
 """Share only when the two forwards cover at most this share of the padded batch's tokens."""
@@ -35,6 +35,8 @@ def shared_prefix_logprobs(
     batch: TokenBatch,
     *,
     temperature: float = 1.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
     with_entropy: bool = False,
 ) -> TokenLogprobs | None:
     """`compute_token_logprobs` for a right-padded batch, each distinct prompt computed once.
@@ -43,8 +45,7 @@ def shared_prefix_logprobs(
     prompt is empty, or when the model's cache is not a plain growing KV cache (sliding windows and
     other layouts are left to the ordinary forward).
     """
-    if temperature <= 0:
-        raise ValueError("temperature must be > 0 (greedy decoding has no logprobs to match)")
+    check_sampling(temperature, top_p, top_k)
     prompts, row_prompt = prompt_groups(batch)
     rows, width = batch.input_ids.shape
     plen = batch.prompt_lengths
@@ -91,19 +92,21 @@ def shared_prefix_logprobs(
     predicting = torch.cat([last_prompt.unsqueeze(1), second.logits[:, :-1]], dim=1)  # [B, S, V]
 
     targets = (batch.response_mask.gather(1, safe) > 0) & valid
-    logits = predicting[targets].float() / temperature  # [N, V]
-    log_norm = torch.logsumexp(logits, dim=-1)
-    picked = logits.gather(-1, suffix_ids[targets].unsqueeze(-1)).squeeze(-1) - log_norm
+    picked, token_entropy = target_logprobs(
+        predicting[targets],
+        suffix_ids[targets],
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        with_entropy=with_entropy,
+    )
     row_idx, col_idx = targets.nonzero(as_tuple=True)
     where = (row_idx, columns[row_idx, col_idx])
     logprobs = torch.zeros((rows, width), dtype=torch.float32, device=device)
     logprobs = logprobs.index_put(where, picked)
     result = TokenLogprobs(logprobs=logprobs)
-    if with_entropy:
-        with torch.no_grad():
-            probs = torch.softmax(logits, dim=-1)
-            token_entropy = log_norm - (probs * logits).sum(-1)
-            result.entropy = torch.zeros((rows, width), dtype=torch.float32, device=device).index_put(
-                where, token_entropy
-            )
+    if token_entropy is not None:
+        result.entropy = torch.zeros((rows, width), dtype=torch.float32, device=device).index_put(
+            where, token_entropy
+        )
     return result

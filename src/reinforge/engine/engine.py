@@ -50,8 +50,8 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class EngineOutput:
-    """A finished generation. `logprobs[i]` is log pi(token_ids[i]) under the raw model distribution
-    (temperature 1, no truncation); see `reinforge.engine.sampling`."""
+    """A finished generation. `logprobs[i]` is the logprob of `token_ids[i]` under the distribution
+    it was sampled from (after shaping, temperature and truncation); see `reinforge.engine.sampling`."""
 
     token_ids: list[int]
     logprobs: list[float]

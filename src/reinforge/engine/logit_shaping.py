@@ -1,8 +1,9 @@
 """What a request asks of sampling beyond temperature and truncation: penalties, logit bias, a grammar.
 
 One `LogitShaper` per sequence that needs it (most need none, and pay nothing). It edits a copy of
-the sequence's logits before the sampler draws from them; the sampler still records the logprob of
-the chosen token under the raw logits, the policy's own distribution (see `sampling.py`).
+the sequence's logits before the sampler draws from them, so the recorded logprob (the behaviour
+policy's) includes them; the trainer's policy does not, and truncated importance sampling corrects
+for the difference (see `sampling.py`).
 
 Grammars are matched by llguidance (a maintained Rust library that computes token masks in
 microseconds and handles tokenisation ambiguity itself), built once per tokenizer.

@@ -40,6 +40,7 @@ from reinforge.gateway.openai_bodies import check_span_owners, finish_body, pars
 from reinforge.gateway.openapi import OPENAPI_PATH, document_for
 from reinforge.gateway.otlp import OtlpLimits
 from reinforge.gateway.otlp_receiver import TRACES_PATH, OtlpReceiver
+from reinforge.gateway.phase_sampling import AppliedSampling
 from reinforge.gateway.service import Caller, Gateway
 from reinforge.inference.contract import GenerationRequest, GenerationResult, TextDelta
 from reinforge.json_codec import dumps, loads
@@ -264,6 +265,7 @@ class GatewayRoutes:
                     started=started,
                     latency_ms=latency_ms,
                     history=history,
+                    sampling=AppliedSampling(call.request.sampling, gen.sampling, caller.sampling),
                 )
             return _ok(bodies[0] if len(bodies) == 1 else merge_choices(bodies))
 
@@ -308,6 +310,7 @@ class GatewayRoutes:
                 started=started,
                 latency_ms=latency_ms,
                 history=history,
+                sampling=AppliedSampling(call.request.sampling, gen.sampling, caller.sampling),
             )
             ended = True
             for event in call.stream_done(response):

@@ -25,6 +25,7 @@ from reinforge.gateway.finishing import AttemptFinisher
 from reinforge.gateway.history import Restored
 from reinforge.gateway.keys import AttemptKeys
 from reinforge.gateway.pause_gate import PauseGate
+from reinforge.gateway.phase_sampling import AppliedSampling, RunSamplings
 from reinforge.gateway.policy_holds import PolicyHolds
 from reinforge.gateway.recorder import PendingSpan, SpanRecorder
 from reinforge.gateway.serving_loop import ServingLoop
@@ -36,6 +37,7 @@ from reinforge.inference.contract import (
     PreparesAhead,
     TextDelta,
 )
+from reinforge.inference.run_sampling import RunSampling
 from reinforge.store.protocol import Store
 from reinforge.types import (
     AttemptOutcome,
@@ -79,6 +81,8 @@ class Caller:
     agent: str | None = None
     trace: tuple[str, str] | None = None
     """(trace_id, parent span id) from the caller's `traceparent`, or None for the attempt's trace."""
+    sampling: RunSampling | None = None
+    """The run's sampling for the attempt's phase (None: the run publishes none)."""
 
 
 def _span_of(
@@ -143,6 +147,7 @@ class Gateway:
         self.store = store
         self.backend = backend
         self.attempts = AttemptGuard(store, ttl_s=attempt_cache_ttl_s)
+        self.samplings = RunSamplings(store)
         self.recorder = SpanRecorder(
             store, max_queue=max_queued_spans, max_batch=max_span_batch, linger_s=span_linger_s
         )
@@ -259,7 +264,8 @@ class Gateway:
                 code="too_many_calls",
             )
         state.admitted += 1
-        return Caller(state, agent, parse_traceparent(traceparent))
+        sampling = await self.samplings.of_rollout(state.rollout_id)
+        return Caller(state, agent, parse_traceparent(traceparent), sampling)
 
     async def wait_for_policy(self, caller: Caller, request: GenerationRequest | None = None) -> None:
         """Wait while the caller's rollout is held for an unreleased policy (409 if it was dropped).
@@ -279,10 +285,16 @@ class Gateway:
     def prepare(
         self, caller: Caller, request: GenerationRequest
     ) -> tuple[GenerationRequest, Restored | None]:
-        """The request as the backend should render it: the attempt's own assistant turns in their
-        generated spelling and the tools in one spelling (`gateway.history`, `gateway.tool_schemas`);
-        the caller's agent name names the adapter (the backend decides whether it has one)."""
+        """The request as the backend should render it: sampled as the run says for the phase, unless
+        the run leaves sampling to the agent (`inference.run_sampling`); the attempt's own assistant
+        turns in their generated spelling and the tools in one spelling (`gateway.history`,
+        `gateway.tool_schemas`); the caller's agent name names the adapter (the backend decides
+        whether it has one)."""
         update: dict[str, Any] = {}
+        if caller.sampling is not None:
+            applied = caller.sampling.apply(request.sampling)
+            if applied is not request.sampling:
+                update["sampling"] = applied
         if caller.agent is not None:
             update["adapter"] = caller.agent
         restored = None
@@ -316,9 +328,11 @@ class Gateway:
         started: float,
         latency_ms: float,
         history: Restored | None = None,
+        sampling: AppliedSampling | None = None,
     ) -> str:
-        """Record one LLM call as a span (the exact token ids and logprobs, and both bodies) and
-        remember the answer, so that the history sent back later renders as it was generated.
+        """Record one LLM call as a span (the exact token ids and logprobs, both bodies, and the
+        sampling asked for and applied) and remember the answer, so that the history sent back later
+        renders as it was generated.
 
         Returns the span's id. Its fields are fixed here (ids, times, its place in the attempt); the
         recorder's writer builds and validates it after the answer has gone out (`PendingSpan`).
@@ -349,6 +363,8 @@ class Gateway:
             }
             if agent is not None:
                 attributes[semconv.ATTR_AGENT_NAME] = agent
+            if sampling is not None:
+                attributes.update(sampling.attributes())
             if history is not None:
                 attributes[semconv.ATTR_HISTORY_MATCHED] = history.matched
                 attributes[semconv.ATTR_HISTORY_RESPELLED] = history.respelled

@@ -39,8 +39,9 @@ class SamplingParams(BaseModel):
     grammar: str | None = None
     """A Lark grammar (llguidance's dialect, `%json {...}` for JSON schemas) the output must match.
 
-    Penalties, bias and grammar shape only the distribution sampled from; the recorded logprob stays
-    the policy's own (see `reinforge.engine.sampling`), so the trainer's importance ratios stay exact.
+    Penalties, bias and grammar shape the distribution sampled from, so the recorded (behaviour)
+    logprob includes them; the trainer's policy has none of them and truncated importance sampling
+    corrects for the difference (see `reinforge.engine.sampling`).
     """
 
     @field_validator("logit_bias")
@@ -111,7 +112,9 @@ class GenerationResult(BaseModel):
     prompt_token_ids: list[int]
     completion_token_ids: list[int]
     logprobs: list[float]
-    """The logprob of each completion token under the sampling distribution's base model."""
+    """The logprob of each completion token under the distribution it was sampled from: after
+    penalties, bias, grammar, temperature, top-k and top-p (at temperature 0, the shaped logits at
+    temperature 1, untruncated); see `reinforge.engine.sampling`."""
     finish_reason: FinishReason
     tool_calls: list[ToolCall] = Field(default_factory=list)
     malformed_tool_call: bool = False

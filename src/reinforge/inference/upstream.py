@@ -263,6 +263,12 @@ class UpstreamBackend:
         if s.seed is not None:
             params["sampling_seed"] = s.seed
         params.update(_shaping(s))
+        if s.top_k and s.temperature > 0:
+            raise InvalidRequestError(
+                "SGLang reports logprobs renormalised over top-p but not top-k, so with top_k they are "
+                "not the distribution sampled from and training would be off-policy; sample through "
+                "SGLang with top_k 0 (top_p works)"
+            )
         if s.grammar is not None:
             raise InvalidRequestError(
                 "a Lark grammar can't be sent to SGLang's native API; use response_format"

@@ -56,6 +56,7 @@ class StackApp:
 
     def leased(self, leased: list[LeasedRollout]) -> None:
         self.gateway.attempts.remember_running(lr.attempt for lr in leased)
+        self.gateway.samplings.remember(lr.rollout for lr in leased)
 
     def close_dashboard(self) -> None:
         """End open dashboard event streams now (a browser's must not hold a shutdown)."""

@@ -221,7 +221,7 @@ class AsyncRollouts:
             await self._store.cancel_rollouts(running)
 
     async def _enqueue(self, indices: Sequence[int], version: int) -> None:
-        resources = attempt_resources(version, self._settings.temperature, self._settings.max_tokens)
+        resources = attempt_resources(version, self._settings.sampling_at(self._settings.temperature))
         rv = await self._store.put_resources(resources)
         number = self._counters.groups_enqueued
         self._counters.groups_enqueued += len(indices)

@@ -24,6 +24,7 @@ from transformers import PreTrainedTokenizerBase
 
 from reinforge.credit import CreditConfig
 from reinforge.inference.contract import Backend
+from reinforge.inference.run_sampling import RunSampling
 from reinforge.runner import Agent, AgentFunction, CommandAgent, Runner
 from reinforge.stack.app import ServedStack, StackApp
 from reinforge.stack.settings import MODEL_NAME
@@ -114,7 +115,7 @@ async def collect_traces(
         )
         running = asyncio.create_task(runner.run(stop=stop))
     try:
-        given = attempt_resources(0, temperature, max_tokens)
+        given = attempt_resources(0, RunSampling(temperature=temperature, max_tokens=max_tokens))
         if tokenizer_id is not None:
             given[TOKENIZER_RESOURCE] = tokenizer_id
         resources = await store.put_resources(given)

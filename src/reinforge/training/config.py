@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from reinforge.inference.run_sampling import RunSampling, SamplingOwner
 from reinforge.stack.settings import EngineSettings
 from reinforge.training.flat_settings import upgrade_flat_settings
 from reinforge.training.metric_sinks.settings import LoggingSettings
@@ -107,7 +108,14 @@ class RolloutSettings(BaseModel):
     Attributes:
         tasks_per_step: distinct tasks per step; each runs `group_size` times (from the algorithm).
         temperature: the sampling temperature of training rollouts (and of "sampled" validation).
+        top_p: nucleus sampling of training rollouts (1: none).
+        top_k: top-k sampling of training rollouts (0: none).
         max_tokens: the most tokens one LLM call may generate (given to the agent as a resource).
+        sampling: who decides how calls are sampled. "run" (the default): the gateway applies the
+            settings above (greedy for greedy validation) to every call, whatever the agent asks,
+            keeping an agent's max_tokens as a cap under the run's. "agent": each call is sampled
+            as the agent asks; the policy is still trained at the settings above, and truncated
+            importance sampling corrects for the agent's own.
         timeout_s: the most one attempt may take.
         step_timeout_s: the most one step's rollouts may take before the stragglers are cancelled.
     """
@@ -115,10 +123,24 @@ class RolloutSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     tasks_per_step: int = Field(default=16, ge=1)
-    temperature: float = Field(default=1.0, gt=0)
+    temperature: float = Field(default=1.0, gt=0, le=10.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
     max_tokens: int = Field(default=64, ge=1)
     timeout_s: float = Field(default=120.0, gt=0)
     step_timeout_s: float = Field(default=600.0, gt=0)
+    sampling: SamplingOwner = "run"
+
+    def sampling_at(self, temperature: float) -> RunSampling:
+        """The sampling of a phase at `temperature`: training's (and sampled validation's) at the
+        rollouts' temperature, greedy validation's at 0 (which has no truncation)."""
+        return RunSampling(
+            temperature=temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            max_tokens=self.max_tokens,
+            owner=self.sampling,
+        )
 
 
 class RaySettings(BaseModel):

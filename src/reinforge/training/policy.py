@@ -50,7 +50,7 @@ from reinforge.algorithms import (
     policy_loss,
     value_loss,
 )
-from reinforge.algorithms.logprobs import TokenLogprobs
+from reinforge.algorithms.logprobs import TokenLogprobs, check_sampling
 from reinforge.algorithms.shared_prefix import shared_prefix_logprobs
 from reinforge.engine.adapters import lora_key
 from reinforge.errors import InvalidRequestError
@@ -62,6 +62,8 @@ from reinforge.training.microbatch import micro_batches, transition_length
 from reinforge.types import Transition
 
 _ADDITIVE = frozenset({"loss/policy", "loss/total", "value/loss", "tokens"})
+_PEAKS = frozenset({"policy/ratio_max", "policy/behaviour_drift_max"})
+"""Metrics that are a maximum over the batch's tokens: the largest micro-batch's value, not a mean."""
 
 
 def _fused_adamw_supported(params: Sequence[torch.nn.Parameter]) -> bool:
@@ -120,11 +122,14 @@ class Policy:
         *,
         pad_token_id: int,
         temperature: float = 1.0,
+        top_p: float = 1.0,
+        top_k: int = 0,
         share_prompts: bool = True,
         placement: Placement = CPU,
         data_parallel: DataParallel | None = None,
     ) -> None:
-        """`temperature` is the rollouts' sampling temperature: logprobs are recomputed at it.
+        """`temperature`, `top_p` and `top_k` are the rollouts' sampling: π is the distribution they
+        sample from (`compute_token_logprobs`), the one the behaviour logprobs were recorded under.
         `model` is moved to `placement.device`; with `data_parallel`, see the module docstring."""
         self.algorithm = algorithm
         self.placement = placement
@@ -143,7 +148,10 @@ class Policy:
         self.max_grad_norm = optim.max_grad_norm
         self.micro_batch_tokens = optim.micro_batch_tokens
         self.epochs_per_batch = optim.epochs_per_batch
+        check_sampling(temperature, top_p, top_k)
         self.temperature = temperature
+        self.top_p = top_p
+        self.top_k = top_k
         self.lora = lora = optim.lora
         self.model: torch.nn.Module = wrap_lora(model, lora) if lora is not None else model
         self.roles: list[str] = list(lora.roles) if lora is not None and lora.roles else []
@@ -442,6 +450,9 @@ class Policy:
                     metrics = self._micro_step(trained, indices, scales, targets, g, epoch, old, old_values)
                 tokens = metrics.get("tokens", 0.0)
                 for key, value in metrics.items():
+                    if key in _PEAKS:
+                        sums[key] = max(sums.get(key, value), value)
+                        continue
                     if key == "tokens" or key in _ADDITIVE:
                         # Already scaled parts of the batch's loss: they add up across micro-batches.
                         sums[key] = sums.get(key, 0.0) + value
@@ -473,7 +484,10 @@ class Policy:
                 dp.gather_objects((sums, weights, micro_batch_count))
             )
         epochs = self.epochs_per_batch
-        out = {k: (v / weights[k] if weights.get(k) else v / epochs) for k, v in sums.items()}
+        out = {
+            k: (v if k in _PEAKS else v / weights[k] if weights.get(k) else v / epochs)
+            for k, v in sums.items()
+        }
         out["update/grad_norm"] = grad_norm
         out["tokens"] = total_tokens
         out["update/micro_batches"] = micro_batch_count
@@ -502,7 +516,12 @@ class Policy:
         with self.placement.forward_context():
             if self.share_prompts and self.value_head is None:
                 shared = shared_prefix_logprobs(
-                    model, batch, temperature=self.temperature, with_entropy=with_entropy
+                    model,
+                    batch,
+                    temperature=self.temperature,
+                    top_p=self.top_p,
+                    top_k=self.top_k,
+                    with_entropy=with_entropy,
                 )
                 if shared is not None:
                     return shared
@@ -512,6 +531,8 @@ class Policy:
                 batch.attention_mask,
                 batch.response_mask,
                 temperature=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
                 with_entropy=with_entropy,
                 with_hidden_states=self.value_head is not None,
             )
@@ -575,7 +596,7 @@ def _merge_rank_metrics(
     count = 0.0
     for rank_sums, rank_weights, rank_count in per_rank:
         for key, value in rank_sums.items():
-            sums[key] = sums.get(key, 0.0) + value
+            sums[key] = max(sums.get(key, value), value) if key in _PEAKS else sums.get(key, 0.0) + value
         for key, value in rank_weights.items():
             weights[key] = weights.get(key, 0.0) + value
         count += rank_count

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from reinforge.credit import CreditConfig, CreditMetrics, build_transitions
+from reinforge.inference.run_sampling import SAMPLING_RESOURCE, RunSampling
 from reinforge.stack.settings import MODEL_NAME
 from reinforge.store.protocol import Store
 from reinforge.training.config import RolloutSettings
@@ -36,12 +37,13 @@ _READS_AT_ONCE = 256
 """Rollouts whose spans are read by one paged query, and whose attempts concurrently."""
 
 
-def attempt_resources(policy_version: int, temperature: float, max_tokens: int) -> dict[str, Any]:
-    """What an attempt is given: the model name, the policy version and how to sample."""
+def attempt_resources(policy_version: int, sampling: RunSampling) -> dict[str, Any]:
+    """What an attempt is given: the model name, the policy version and how it is sampled (which
+    the gateway applies, `reinforge.inference.run_sampling`)."""
     return {
         "llm": {"model": MODEL_NAME},
         "policy_version": policy_version,
-        "sampling": {"temperature": temperature, "max_tokens": max_tokens},
+        SAMPLING_RESOURCE: sampling.resource(),
     }
 
 
@@ -72,7 +74,7 @@ class TrainingRollouts:
     async def enqueue(self, step: int, policy_version: int, *, hold: bool) -> EnqueuedStep:
         indices = self._sampler.next_batch(self._settings.tasks_per_step)
         position = self._sampler.state_dict()
-        resources = attempt_resources(policy_version, self._settings.temperature, self._settings.max_tokens)
+        resources = attempt_resources(policy_version, self._settings.sampling_at(self._settings.temperature))
         rv = await self._store.put_resources(resources)
         specs = rollout_specs(
             [(i, self._tasks[i]) for i in indices],

@@ -206,6 +206,8 @@ class Trainer:
             cfg.optim,
             pad_token_id=int(self.tokenizer.pad_token_id),
             temperature=cfg.rollouts.temperature,
+            top_p=cfg.rollouts.top_p,
+            top_k=cfg.rollouts.top_k,
             placement=self._placement or resolve_placement(cfg.compute),
             data_parallel=self._data_parallel,
         )
@@ -519,7 +521,7 @@ class Trainer:
             [("val/greedy_success", 0.0)] if cfg.schedule.val_greedy else []
         )
         for key, temperature in runs:
-            resources = attempt_resources(run.version, temperature, cfg.rollouts.max_tokens)
+            resources = attempt_resources(run.version, cfg.rollouts.sampling_at(temperature))
             rv = await run.store.put_resources(resources)
             rollouts = await run.stack.watch(
                 run_rollouts(
