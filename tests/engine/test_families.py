@@ -223,5 +223,5 @@ def test_an_unsupported_family_is_refused_by_name(
         )
     )
     del broken.model.layers[0].self_attn.k_norm
-    with pytest.raises(UnsupportedArchitectureError, match="qwen3 layer 0 lacks self_attn.k_norm"):
+    with pytest.raises(UnsupportedArchitectureError, match=r"qwen3 layer 0 lacks self_attn\.k_norm"):
         describe(broken)

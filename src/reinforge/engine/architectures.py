@@ -42,7 +42,12 @@ _LAYER_PARTS = (
     "input_layernorm",
     "post_attention_layernorm",
 )
-_GEMMA_PARTS = ("pre_feedforward_layernorm", "post_feedforward_layernorm", "self_attn.q_norm", "self_attn.k_norm")
+_GEMMA_PARTS = (
+    "pre_feedforward_layernorm",
+    "post_feedforward_layernorm",
+    "self_attn.q_norm",
+    "self_attn.k_norm",
+)
 
 
 @dataclass(frozen=True)
@@ -78,14 +83,13 @@ def describe(model: torch.nn.Module) -> Architecture:
             f"model type {family!r} is not on the engine's fast path (it serves {', '.join(FAST_FAMILIES)})"
         )
     inner: Any = getattr(model, "model", None)
-    missing = [
-        name for name in ("embed_tokens", "layers", "norm", "rotary_emb") if not hasattr(inner, name)
-    ]
+    missing = [name for name in ("embed_tokens", "layers", "norm", "rotary_emb") if not hasattr(inner, name)]
     if not hasattr(model, "lm_head"):
         missing.append("lm_head")
     if missing:
         raise UnsupportedArchitectureError(
-            f"{family} model lacks {', '.join(missing)} (the fast path reads model.model.<part> and model.lm_head)"
+            f"{family} model lacks {', '.join(missing)} "
+            "(the fast path reads model.model.<part> and model.lm_head)"
         )
     layers: list[Any] = list(inner.layers)
     gemma = family in _GEMMA
@@ -104,7 +108,9 @@ def describe(model: torch.nn.Module) -> Architecture:
         raise UnsupportedArchitectureError(f"{family}: bidirectional attention is not on the fast path")
     scales = {float(layer.self_attn.scaling) for layer in layers}
     if len(scales) != 1:
-        raise UnsupportedArchitectureError(f"{family}: layers with different attention scales {sorted(scales)}")
+        raise UnsupportedArchitectureError(
+            f"{family}: layers with different attention scales {sorted(scales)}"
+        )
     per_type = hasattr(inner.rotary_emb, "layer_types")  # Gemma 3: one RoPE table per layer type
     kinds = tuple(config.layer_types[i] if per_type else None for i in range(len(layers)))
     embed_scale = float(getattr(inner.embed_tokens, "scalar_embed_scale", 1.0))
@@ -133,7 +139,8 @@ def _window(config: Any, layer: Any) -> int | None:
     """A layer's sliding window: its attention module's own (Qwen, Gemma 3: None on global layers),
     else the config's (Mistral: every layer)."""
     attn = layer.self_attn
-    window = attn.sliding_window if hasattr(attn, "sliding_window") else getattr(config, "sliding_window", None)
+    own = hasattr(attn, "sliding_window")
+    window = attn.sliding_window if own else getattr(config, "sliding_window", None)
     return None if window is None else int(window)
 
 

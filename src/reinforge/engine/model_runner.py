@@ -15,8 +15,9 @@ Two runners share one interface:
 - `SlotCacheRunner`: the fast path for the families in `reinforge.engine.architectures` (llama,
   mistral, qwen2, qwen3, gemma3): it runs the model's own weights with fused q/k/v and gate/up
   projections, one forward per decode step for all active sequences; when the running sequences
-  share a prefix, decode attention reads it once for all of them (`attention.cascade_decode`). It also serves named LoRA adapters: each row (a decode slot, or a prompt's tokens
-  in a prefill) names its adapter, the rows of one adapter are gathered and get that adapter's
+  share a prefix, decode attention reads it once for all of them (`attention.cascade_decode`).
+  It also serves named LoRA adapters: each row (a decode slot, or a prompt's tokens in a prefill)
+  names its adapter, the rows of one adapter are gathered and get that adapter's
   low-rank delta added to each projection, and rows with no adapter get none.
 - `RecomputeRunner`: any other causal LM transformers can build: exact but recomputes every sequence
   in full at each step (no cache), so it is only for correctness on architectures the fast path lacks.
@@ -148,8 +149,11 @@ class _Layer:
         self.eps = norm_eps(layer.input_layernorm)
         ffn_norm = layer.pre_feedforward_layernorm if arch.sandwich_norms else layer.post_attention_layernorm
         self.ln2_w = _norm_weight(ffn_norm, offset)
-        self.post_attn_w = _norm_weight(layer.post_attention_layernorm, offset) if arch.sandwich_norms else None
-        self.post_mlp_w = _norm_weight(layer.post_feedforward_layernorm, offset) if arch.sandwich_norms else None
+        self.post_attn_w: torch.Tensor | None = None
+        self.post_mlp_w: torch.Tensor | None = None
+        if arch.sandwich_norms:
+            self.post_attn_w = _norm_weight(layer.post_attention_layernorm, offset)
+            self.post_mlp_w = _norm_weight(layer.post_feedforward_layernorm, offset)
         self.qk_norm_w: torch.Tensor | None = None
         if arch.qk_norm:  # one [heads + kv_heads, head_dim] weight: q and k normalised in one call
             q_w = _norm_weight(attn.q_norm, offset)
@@ -431,32 +435,38 @@ class SlotCacheRunner:
         self._shared = None
         positions = [c + j for c, n in zip(starts, lens, strict=True) for j in range(n)]
         pos = torch.tensor(positions, device=self.device)
-        rows = torch.tensor([first_slot + i for i, n in enumerate(lens) for _ in range(n)], device=self.device)
+        slot_of = [first_slot + i for i, n in enumerate(lens) for _ in range(n)]
+        rows = torch.tensor(slot_of, device=self.device)
         h = self.num_heads
         x = self._embed([t for p, c in zip(prompts, starts, strict=True) for t in p[c:]])
         rope = self._rope_at(pos)
         padded = _pads_cheaply(starts, lens)
-        masks = {
-            w: self._padded_masks(starts, lens, w) if padded else self._prompt_masks(starts, lens, w)
-            for w in dict.fromkeys(self.windows)
-        }
+        windows = dict.fromkeys(self.windows)
+        batch_masks = {w: self._padded_masks(starts, lens, w) for w in windows} if padded else {}
+        prompt_masks = {} if padded else {w: self._prompt_masks(starts, lens, w) for w in windows}
         for index, layer in enumerate(self.layers):
             qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
             self._k[index, rows, :, pos] = qk[:, h:]
             self._v[index, rows, :, pos] = v
-            mask = masks[self.windows[index]]
+            window = self.windows[index]
             if padded:
+                mask = batch_masks[window]
                 attn = self._padded_attention(index, first_slot, qk[:, :h], starts, lens, mask)
             else:
-                attn = self._attention_per_prompt(index, first_slot, qk[:, :h], starts, lens, mask)
+                masks = prompt_masks[window]
+                attn = self._attention_per_prompt(index, first_slot, qk[:, :h], starts, lens, masks)
             x = self._residual(index, layer, x, attn.reshape(len(positions), -1))
         last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
         return self._logits(x[last])
 
-    def _prompt_masks(self, starts: list[int], lens: list[int], window: int | None) -> list[torch.Tensor | None]:
+    def _prompt_masks(
+        self, starts: list[int], lens: list[int], window: int | None
+    ) -> list[torch.Tensor | None]:
         """Per prompt: its queries' mask over its cached + new positions (None: plain causal)."""
         return [
-            None if not c and (window is None or window >= n) else visible(self._arange[: c + n], c + self._arange[:n], window)
+            None
+            if not c and (window is None or window >= n)
+            else visible(self._arange[: c + n], c + self._arange[:n], window)
             for c, n in zip(starts, lens, strict=True)
         ]
 
