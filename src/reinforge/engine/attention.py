@@ -23,6 +23,28 @@ def visible(keys: torch.Tensor, queries: torch.Tensor, window: int | None) -> to
     return mask
 
 
+def per_prompt_masks(
+    arange: torch.Tensor, starts: list[int], lens: list[int], window: int | None
+) -> list[torch.Tensor | None]:
+    """Prefill, one attention call per prompt: prompt i's `lens[i]` queries (after `starts[i]` cached
+    positions) over its cached + new positions; None where plain causal attention is the same."""
+    return [
+        None
+        if not c and (window is None or window >= n)
+        else visible(arange[: c + n], c + arange[:n], window)
+        for c, n in zip(starts, lens, strict=True)
+    ]
+
+
+def padded_mask(arange: torch.Tensor, starts: list[int], lens: list[int], window: int | None) -> torch.Tensor:
+    """Prefill, one padded call for all prompts: `[prompts, 1, longest, span]`, query j of prompt i
+    sees positions up to starts[i] + j."""
+    width = max(lens)
+    span = max(c + n for c, n in zip(starts, lens, strict=True))
+    query_pos = torch.tensor(starts, device=arange.device)[:, None] + arange[:width][None, :]
+    return visible(arange[:span], query_pos, window)[:, None]
+
+
 def cascade_decode(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from reinforge.engine.adapters import Adapter
 from reinforge.engine.architectures import Architecture, describe, norm_eps
-from reinforge.engine.attention import additive, cascade_decode, visible
+from reinforge.engine.attention import additive, cascade_decode, padded_mask, per_prompt_masks, visible
 from reinforge.engine.errors import UnsupportedArchitectureError
 from reinforge.engine.prefix_reuse import common_prefix
 
@@ -442,8 +442,9 @@ class SlotCacheRunner:
         rope = self._rope_at(pos)
         padded = _pads_cheaply(starts, lens)
         windows = dict.fromkeys(self.windows)
-        batch_masks = {w: self._padded_masks(starts, lens, w) for w in windows} if padded else {}
-        prompt_masks = {} if padded else {w: self._prompt_masks(starts, lens, w) for w in windows}
+        arange = self._arange
+        batch_masks = {w: padded_mask(arange, starts, lens, w) for w in windows} if padded else {}
+        prompt_masks = {} if padded else {w: per_prompt_masks(arange, starts, lens, w) for w in windows}
         for index, layer in enumerate(self.layers):
             qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
             self._k[index, rows, :, pos] = qk[:, h:]
@@ -458,24 +459,6 @@ class SlotCacheRunner:
             x = self._residual(index, layer, x, attn.reshape(len(positions), -1))
         last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
         return self._logits(x[last])
-
-    def _prompt_masks(
-        self, starts: list[int], lens: list[int], window: int | None
-    ) -> list[torch.Tensor | None]:
-        """Per prompt: its queries' mask over its cached + new positions (None: plain causal)."""
-        return [
-            None
-            if not c and (window is None or window >= n)
-            else visible(self._arange[: c + n], c + self._arange[:n], window)
-            for c, n in zip(starts, lens, strict=True)
-        ]
-
-    def _padded_masks(self, starts: list[int], lens: list[int], window: int | None) -> torch.Tensor:
-        """`[prompts, 1, longest, span]`: query j of prompt i sees positions up to starts[i] + j."""
-        width = max(lens)
-        span = max(c + n for c, n in zip(starts, lens, strict=True))
-        query_pos = torch.tensor(starts, device=self.device)[:, None] + self._arange[:width][None, :]
-        return visible(self._arange[:span], query_pos, window)[:, None]
 
     def _attention_per_prompt(
         self,
