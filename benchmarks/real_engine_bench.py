@@ -210,7 +210,7 @@ rows = []
 for prompt in prompts:
     start = time.perf_counter()
     out = []
-    for token in llm.generate(prompt, temp=0.0, top_k=1, reset=False):
+    for token in llm.generate(prompt, temp=0.0, top_k=1):  # reuses the cached common prefix
         out.append(int(token))
         if len(out) == new_tokens:
             break
