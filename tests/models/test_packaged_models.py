@@ -8,7 +8,6 @@ import importlib.util
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import huggingface_hub.constants
@@ -17,7 +16,7 @@ import pytest
 import torch
 from gguf import GGUFReader, GGUFWriter, dequantize
 from safetensors import safe_open
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM, PreTrainedModel
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 from typer.testing import CliRunner
 
 from reinforge.cli import app
@@ -29,7 +28,6 @@ from reinforge.models import (
     PACKAGED_MODELS,
     ModelPackageMissingError,
     ModelSourceError,
-    convert,
     resolve_model,
 )
 from reinforge.models.cache import publish
@@ -38,36 +36,9 @@ from reinforge.models.resolve import packaged_gguf, prepare_packaged
 from reinforge.training.run_config import load_model_spec
 from reinforge.training.trainer import Trainer
 
+from .conftest import CHECKED_LOGITS, SMOLLM2, SMOLLM2_PARAMETERS
+
 torch.set_num_threads(1)
-
-SMOLLM2 = "smollm2-135m-instruct"
-SMOLLM2_PARAMETERS = 134_515_008
-
-
-@pytest.fixture(scope="session")
-def smollm2_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A models cache holding the converted SmolLM2 (converted once for the whole session)."""
-    cache = tmp_path_factory.mktemp("models-cache")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(MODELS_DIR_ENV_VAR, str(cache))
-        patch.setattr(convert, "_logits", _recording(convert._logits))
-        resolve_model(SMOLLM2)
-    yield cache
-
-
-CHECKED_LOGITS: list[tuple[bool, torch.Tensor]] = []
-"""The conversion's own check, as it ran: (was the model the GGUF load, its logits)."""
-
-
-def _recording(
-    logits: Callable[[PreTrainedModel, torch.Tensor], torch.Tensor],
-) -> Callable[..., torch.Tensor]:
-    def record(model: PreTrainedModel, ids: torch.Tensor) -> torch.Tensor:
-        result = logits(model, ids)
-        CHECKED_LOGITS.append((getattr(model, "hf_quantizer", None) is not None, result))
-        return result
-
-    return record
 
 
 @pytest.fixture

@@ -13,3 +13,7 @@ class EngineError(ReinforgeError):
 
 class EngineStoppedError(EngineError):
     """The engine was stopped before (or while) serving the request; start it again or use another."""
+
+
+class UnsupportedArchitectureError(ReinforgeError, ValueError):
+    """The model is outside the engine's fast path; the message names the family or part it lacks."""

@@ -12,10 +12,12 @@ Capacity grows by doubling along both axes, so memory follows the live batch, bo
 `max_slots * max_seq_len`.
 
 Two runners share one interface:
-- `SlotCacheRunner`: the fast path for Llama-family models (llama, qwen2, mistral): it runs the
-  model's own weights with fused q/k/v and gate/up projections, one forward per decode step for all
-  active sequences. It also serves named LoRA adapters: each row (a decode slot, or a prompt's tokens
-  in a prefill) names its adapter, the rows of one adapter are gathered and get that adapter's
+- `SlotCacheRunner`: the fast path for the families in `reinforge.engine.architectures` (llama,
+  mistral, qwen2, qwen3, gemma3): it runs the model's own weights with fused q/k/v and gate/up
+  projections, one forward per decode step for all active sequences; when the running sequences
+  share a prefix, decode attention reads it once for all of them (`attention.cascade_decode`).
+  It also serves named LoRA adapters: each row (a decode slot, or a prompt's tokens in a prefill)
+  names its adapter, the rows of one adapter are gathered and get that adapter's
   low-rank delta added to each projection, and rows with no adapter get none.
 - `RecomputeRunner`: any other causal LM transformers can build: exact but recomputes every sequence
   in full at each step (no cache), so it is only for correctness on architectures the fast path lacks.
@@ -31,11 +33,13 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from transformers.activations import ACT2FN
 
 from reinforge.engine.adapters import Adapter
+from reinforge.engine.architectures import Architecture, describe, norm_eps
+from reinforge.engine.attention import additive, cascade_decode, padded_mask, per_prompt_masks, visible
+from reinforge.engine.errors import UnsupportedArchitectureError
+from reinforge.engine.prefix_reuse import common_prefix
 
-FAST_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 # The cost of one more attention call, in cached positions read: splitting a decode batch into
 # length buckets pays only when it skips more than this many keys. A call's fixed cost is worth a
 # modest number of cached positions on CPU; on a GPU a kernel launch is worth vastly more positions,
@@ -43,6 +47,10 @@ FAST_MODEL_TYPES = frozenset({"llama", "qwen2", "mistral"})
 _BUCKET_OVERHEAD = {"cpu": 128}
 _BUCKET_OVERHEAD_ACCELERATOR = 32768
 
+
+_CASCADE_MIN_SHARED = 64
+"""Cached positions every running sequence must share before decode reads them once for all (a shorter
+shared prefix saves less than the cascade's extra matmuls cost)."""
 
 _PADDED_CALL_SAVING = 4096
 """What one attention call fewer is worth in attention scores computed (a call's fixed cost, on CPU);
@@ -114,15 +122,17 @@ class ModelRunner(Protocol):
 
 def make_runner(model: torch.nn.Module, max_slots: int, max_seq_len: int) -> ModelRunner:
     """The fast runner when the architecture is supported, the exact recompute runner otherwise."""
-    if SlotCacheRunner.supports(model, max_seq_len):
+    try:
         return SlotCacheRunner(model, max_slots, max_seq_len)
-    return RecomputeRunner(model)
+    except UnsupportedArchitectureError:
+        return RecomputeRunner(model)
 
 
 class _Layer:
-    """One decoder layer's weights, with q/k/v and gate/up concatenated so each is one matmul."""
+    """One decoder layer's weights, with q/k/v and gate/up concatenated so each is one matmul, and the
+    family's norms as plain RMSNorm weights (a `1 + w` family's offset added once here)."""
 
-    def __init__(self, layer: Any) -> None:
+    def __init__(self, layer: Any, arch: Architecture, heads: int, kv_heads: int) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
         biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
@@ -134,10 +144,27 @@ class _Layer:
         self.gate_up_b = None if gate_b is None or up_b is None else torch.cat([gate_b, up_b]).detach()
         self.down_w = mlp.down_proj.weight.detach()
         self.down_b = None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach()
-        self.ln1_w = layer.input_layernorm.weight.detach()
-        self.ln1_eps = float(layer.input_layernorm.variance_epsilon)
-        self.ln2_w = layer.post_attention_layernorm.weight.detach()
-        self.ln2_eps = float(layer.post_attention_layernorm.variance_epsilon)
+        offset = arch.norm_offset
+        self.ln1_w = _norm_weight(layer.input_layernorm, offset)
+        self.eps = norm_eps(layer.input_layernorm)
+        ffn_norm = layer.pre_feedforward_layernorm if arch.sandwich_norms else layer.post_attention_layernorm
+        self.ln2_w = _norm_weight(ffn_norm, offset)
+        self.post_attn_w: torch.Tensor | None = None
+        self.post_mlp_w: torch.Tensor | None = None
+        if arch.sandwich_norms:
+            self.post_attn_w = _norm_weight(layer.post_attention_layernorm, offset)
+            self.post_mlp_w = _norm_weight(layer.post_feedforward_layernorm, offset)
+        self.qk_norm_w: torch.Tensor | None = None
+        if arch.qk_norm:  # one [heads + kv_heads, head_dim] weight: q and k normalised in one call
+            q_w = _norm_weight(attn.q_norm, offset)
+            k_w = _norm_weight(attn.k_norm, offset)
+            self.qk_norm_w = torch.cat([q_w.expand(heads, -1), k_w.expand(kv_heads, -1)])
+            self.qk_eps = norm_eps(attn.q_norm)
+
+
+def _norm_weight(norm: Any, offset: float) -> torch.Tensor:
+    weight = norm.weight.detach()
+    return weight + offset if offset else weight
 
 
 _FUSED = {"q": ("qkv", 0), "k": ("qkv", 1), "v": ("qkv", 2), "o": ("o", 0)}
@@ -164,30 +191,17 @@ _Groups = list[tuple[list[_LayerLora], torch.Tensor | None]]
 class SlotCacheRunner:
     """The fast path: Llama-family layers over a packed slot KV cache (see the module docstring)."""
 
-    @staticmethod
-    def supports(model: torch.nn.Module, max_seq_len: int) -> bool:
-        config: Any = getattr(model, "config", None)
-        if config is None or getattr(config, "model_type", None) not in FAST_MODEL_TYPES:
-            return False
-        # A sliding window changes which keys a query sees; the fast path attends to the whole prefix,
-        # which is the same thing as long as no sequence outgrows the window.
-        layer_types = getattr(config, "layer_types", None)
-        if layer_types is not None:
-            sliding = any(t != "full_attention" for t in layer_types)
-        else:
-            sliding = getattr(config, "sliding_window", None) is not None
-        window = getattr(config, "sliding_window", None)
-        return not sliding or (window is not None and window >= max_seq_len)
-
     def __init__(self, model: torch.nn.Module, max_slots: int, max_seq_len: int) -> None:
-        config: Any = model.config
+        """Raises `UnsupportedArchitectureError` (naming what is missing) for a model off the fast path."""
+        config: Any = model.config if hasattr(model, "config") else None
+        self.arch = describe(model)
         self.model: Any = model
         self.max_slots = max_slots
         self.max_seq_len = max_seq_len
         self.num_heads = int(config.num_attention_heads)
         self.num_kv_heads = int(getattr(config, "num_key_value_heads", None) or self.num_heads)
         self.head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // self.num_heads)
-        self.act = ACT2FN[config.hidden_act]
+        self.windows = self.arch.windows
         param = next(model.parameters())
         self.device, self.dtype = param.device, param.dtype
         self._k = torch.empty(0, device=self.device, dtype=self.dtype)
@@ -198,6 +212,8 @@ class SlotCacheRunner:
         self._bucket_key: tuple[int, ...] = ()
         self._bucket_overhead = _BUCKET_OVERHEAD.get(self.device.type, _BUCKET_OVERHEAD_ACCELERATOR)
         self._bucket_plan: list[tuple[int, int, int]] = []
+        self._tokens: dict[int, list[int]] = {}  # slot -> the tokens whose KV it holds
+        self._shared: int | None = None  # cached positions every running slot shares (None: unknown)
         self._adapters: dict[str, list[_LayerLora]] = {}
         self._groups: _Groups = []
         self._group_key: tuple[str | None, ...] = ()
@@ -206,6 +222,7 @@ class SlotCacheRunner:
         self._paths: dict[str, tuple[int, str]] = {}  # module path -> (layer, projection)
         inner: Any = self.model.model
         decoder_layers: list[Any] = list(inner.layers)
+        self.act = decoder_layers[0].mlp.act_fn
         for index, layer in enumerate(decoder_layers):
             attn, mlp = layer.self_attn, layer.mlp
             for proj, module in (
@@ -222,21 +239,30 @@ class SlotCacheRunner:
 
     def refresh_weights(self) -> None:
         inner: Any = self.model.model
-        self.layers = [_Layer(layer) for layer in inner.layers]
+        heads, kv = self.num_heads, self.num_kv_heads
+        self.layers = [_Layer(layer, self.arch, heads, kv) for layer in inner.layers]
         self.embed = inner.embed_tokens.weight.detach()
-        self.norm_w = inner.norm.weight.detach()
-        self.norm_eps = float(inner.norm.variance_epsilon)
+        self.embed_scale = torch.tensor(self.arch.embed_scale, dtype=self.dtype, device=self.device)
+        self.norm_w = _norm_weight(inner.norm, self.arch.norm_offset)
+        self.norm_eps = norm_eps(inner.norm)
         head: Any = self.model.lm_head
         self.head_w = head.weight.detach()
         self.head_b = None if head.bias is None else head.bias.detach()
-        # The model's own rotary module, so every RoPE variant and its scaling come out exactly as in HF.
+        # The model's own rotary module, so every RoPE variant and its scaling come out exactly as in HF
+        # (Gemma 3: one table per layer type, local and global layers rotate with different bases).
+        self.rope: dict[str | None, tuple[torch.Tensor, torch.Tensor]] = {}
+        half = self.head_dim // 2
         with torch.no_grad():
             positions = self._arange[None, :]
             probe = torch.empty(1, device=self.device, dtype=self.dtype)
-            cos, sin = inner.rotary_emb(probe, positions)
-        half = self.head_dim // 2
-        self.cos = cos[0]
-        self.sin = torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
+            for kind in dict.fromkeys(self.arch.rope_kinds):
+                cos, sin = (
+                    inner.rotary_emb(probe, positions)
+                    if kind is None
+                    else inner.rotary_emb(probe, positions, kind)
+                )
+                self.rope[kind] = (cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1))
+        self._shared = None  # the cached KV is the old weights' (the engine drops it), never shared again
 
     def reserve(self, slots: int, length: int) -> None:
         self._ensure_capacity(slots, length, exact=True)
@@ -341,18 +367,52 @@ class SlotCacheRunner:
         self._k, self._v = k, v
         self._slot_cap, self._len_cap = new_slots, new_len
 
-    def _mlp(self, index: int, layer: _Layer, x: torch.Tensor) -> torch.Tensor:
-        h = F.rms_norm(x, (x.shape[-1],), layer.ln2_w, layer.ln2_eps)
+    def _embed(self, ids: list[int]) -> torch.Tensor:
+        x = F.embedding(torch.tensor(ids, dtype=torch.long, device=self.device), self.embed)
+        return x * self.embed_scale if self.arch.embed_scale != 1.0 else x
+
+    def _residual(self, index: int, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """The rest of a decoder layer after attention: output projection, residual, MLP, residual (with
+        a sandwich-norm family's norms on both outputs)."""
+        size = (x.shape[-1],)
+        out = self._linear(attn, layer.o_w, layer.o_b, index, "o")
+        if layer.post_attn_w is not None:
+            out = F.rms_norm(out, size, layer.post_attn_w, layer.eps)
+        x = x + out
+        h = F.rms_norm(x, size, layer.ln2_w, layer.eps)
         gate, up = self._linear(h, layer.gate_up_w, layer.gate_up_b, index, "gate_up").chunk(2, dim=-1)
-        return x + self._linear(self.act(gate) * up, layer.down_w, layer.down_b, index, "down")
+        out = self._linear(self.act(gate) * up, layer.down_w, layer.down_b, index, "down")
+        if layer.post_mlp_w is not None:
+            out = F.rms_norm(out, size, layer.post_mlp_w, layer.eps)
+        return x + out
+
+    def _qkv(
+        self, index: int, layer: _Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer's queries and keys `[rows, heads + kv_heads, head_dim]` (normalised per head where
+        the family does, then rotated) and values `[rows, kv_heads, head_dim]`."""
+        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        hidden = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.eps)
+        qkv = self._linear(hidden, layer.qkv_w, layer.qkv_b, index, "qkv")
+        rows = qkv.shape[0]
+        qk = qkv[:, : (h + kv) * d].view(rows, h + kv, d)
+        if layer.qk_norm_w is not None:
+            qk = F.rms_norm(qk, (d,), None, layer.qk_eps) * layer.qk_norm_w
+        cos, sin = rope
+        # rotate_half(x) * sin == roll(x, d/2) * sin_signed, with the sign folded into the table.
+        qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
+        return qk, qkv[:, (h + kv) * d :].view(rows, kv, d)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.norm_w, self.norm_eps)
-        return F.linear(hidden, self.head_w, self.head_b).float()
+        logits = F.linear(hidden, self.head_w, self.head_b)
+        cap = self.arch.final_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits.float()
 
-    def _rotate(self, qk: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        # rotate_half(x) * sin == roll(x, d/2) * sin_signed, with the sign folded into the table.
-        return qk * cos + qk.roll(self.head_dim // 2, dims=-1) * sin
+    def _rope_at(self, pos: torch.Tensor) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+        return {kind: (cos[pos][:, None], sin[pos][:, None]) for kind, (cos, sin) in self.rope.items()}
 
     @torch.inference_mode()
     def prefill(
@@ -370,31 +430,44 @@ class SlotCacheRunner:
         lens = [len(p) - c for p, c in zip(prompts, starts, strict=True)]
         self._groups = self._row_groups(adapters, lens)
         self._ensure_capacity(first_slot + m, max(len(p) for p in prompts))
-        ids = torch.tensor([t for p, c in zip(prompts, starts, strict=True) for t in p[c:]], dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            self._tokens[first_slot + i] = list(prompt)
+        self._shared = None
         positions = [c + j for c, n in zip(starts, lens, strict=True) for j in range(n)]
         pos = torch.tensor(positions, device=self.device)
         slot_of = [first_slot + i for i, n in enumerate(lens) for _ in range(n)]
         rows = torch.tensor(slot_of, device=self.device)
-        total = len(positions)
-        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        x = F.embedding(ids.to(self.device), self.embed)
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
-        attend = self._padded_attention if _pads_cheaply(starts, lens) else self._attention_per_prompt
+        h = self.num_heads
+        x = self._embed([t for p, c in zip(prompts, starts, strict=True) for t in p[c:]])
+        rope = self._rope_at(pos)
+        padded = _pads_cheaply(starts, lens)
+        windows = dict.fromkeys(self.windows)
+        arange = self._arange
+        batch_masks = {w: padded_mask(arange, starts, lens, w) for w in windows} if padded else {}
+        prompt_masks = {} if padded else {w: per_prompt_masks(arange, starts, lens, w) for w in windows}
         for index, layer in enumerate(self.layers):
-            hidden = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
-            qkv = self._linear(hidden, layer.qkv_w, layer.qkv_b, index, "qkv")
-            qk = self._rotate(qkv[:, : (h + kv) * d].view(total, h + kv, d), cos, sin)
-            v = qkv[:, (h + kv) * d :].view(total, kv, d)
+            qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
             self._k[index, rows, :, pos] = qk[:, h:]
             self._v[index, rows, :, pos] = v
-            attn = attend(index, first_slot, qk[:, :h], starts, lens)
-            out = self._linear(attn.reshape(total, h * d), layer.o_w, layer.o_b, index, "o")
-            x = self._mlp(index, layer, x + out)
+            window = self.windows[index]
+            if padded:
+                mask = batch_masks[window]
+                attn = self._padded_attention(index, first_slot, qk[:, :h], starts, lens, mask)
+            else:
+                masks = prompt_masks[window]
+                attn = self._attention_per_prompt(index, first_slot, qk[:, :h], starts, lens, masks)
+            x = self._residual(index, layer, x, attn.reshape(len(positions), -1))
         last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
         return self._logits(x[last])
 
     def _attention_per_prompt(
-        self, index: int, first_slot: int, q: torch.Tensor, starts: list[int], lens: list[int]
+        self,
+        index: int,
+        first_slot: int,
+        q: torch.Tensor,
+        starts: list[int],
+        lens: list[int],
+        masks: list[torch.Tensor | None],
     ) -> torch.Tensor:
         """Prefill attention one prompt at a time (`q` packed `[tokens, heads, head_dim]`): no padding,
         one attention call per prompt; for batches whose lengths differ widely."""
@@ -402,41 +475,44 @@ class SlotCacheRunner:
         attn = torch.empty_like(q)
         offset = 0
         for i, (c, n) in enumerate(zip(starts, lens, strict=True)):
-            mask = None
-            if c:  # a causal mask over the cached prefix too
-                mask = self._arange[: c + n][None, :] <= (c + self._arange[:n])[:, None]
             out = F.scaled_dot_product_attention(
                 q[offset : offset + n].transpose(0, 1)[None],
                 self._k[index, first_slot + i, :, : c + n][None],
                 self._v[index, first_slot + i, :, : c + n][None],
-                attn_mask=mask,
-                is_causal=mask is None,
+                attn_mask=masks[i],
+                is_causal=masks[i] is None,
                 enable_gqa=gqa,
+                scale=self.arch.attn_scale,
             )
             attn[offset : offset + n] = out[0].transpose(0, 1)
             offset += n
         return attn
 
     def _padded_attention(
-        self, index: int, first_slot: int, q: torch.Tensor, starts: list[int], lens: list[int]
+        self,
+        index: int,
+        first_slot: int,
+        q: torch.Tensor,
+        starts: list[int],
+        lens: list[int],
+        mask: torch.Tensor,
     ) -> torch.Tensor:
         """Prefill attention for every prompt in one call: queries padded to the longest prompt, keys
-        read from the prompts' slots up to the longest cached + new length, a mask per prompt (query
-        j of prompt i sees positions up to starts[i] + j). One call instead of one per prompt: with
-        many short prompts (a group of rollouts of one task, mostly cached) the calls dominated."""
+        read from the prompts' slots up to the longest cached + new length, a mask per prompt. One call
+        instead of one per prompt: with many short prompts (a group of rollouts of one task, mostly
+        cached) the calls dominated."""
         m, width = len(lens), max(lens)
-        span = max(c + n for c, n in zip(starts, lens, strict=True))
+        span = mask.shape[-1]
         heads, dim = q.shape[1], q.shape[2]
         where = torch.tensor([i * width + j for i, n in enumerate(lens) for j in range(n)]).to(self.device)
         padded = q.new_zeros(m * width, heads, dim).index_copy_(0, where, q)
-        query_pos = torch.tensor(starts, device=self.device)[:, None] + self._arange[:width][None, :]
-        mask = (self._arange[:span][None, None, :] <= query_pos[:, :, None])[:, None]
         out = F.scaled_dot_product_attention(
             padded.view(m, width, heads, dim).transpose(1, 2),
             self._k[index, first_slot : first_slot + m, :, :span],
             self._v[index, first_slot : first_slot + m, :, :span],
             attn_mask=mask,
             enable_gqa=self.num_kv_heads != self.num_heads,
+            scale=self.arch.attn_scale,
         )
         return out.transpose(1, 2).reshape(m * width, heads, dim).index_select(0, where)
 
@@ -476,6 +552,31 @@ class SlotCacheRunner:
         self._bucket_plan = plan[::-1]
         return self._bucket_plan
 
+    def _shared_prefix(self, n: int, adapters: list[str | None] | None) -> int:
+        """How many leading cached positions every slot `0..n-1` holds the same tokens at (with one
+        adapter for all: another adapter's KV of the same tokens differs). Worked out when the batch
+        changes; decode steps only append, so it stays a common prefix until then."""
+        if adapters and len(set(adapters)) > 1:
+            return 0
+        if self._shared is None:
+            first = self._tokens.get(0, [])
+            shared = len(first)
+            for slot in range(1, n):
+                shared = common_prefix(first, self._tokens.get(slot, []), shared)
+            self._shared = shared
+        return self._shared
+
+    def _track(self, tokens: list[int], positions: list[int]) -> None:
+        """Record each slot's fed token (a slot whose history is unknown stops growing, so what it
+        records is still true)."""
+        for slot, (token, position) in enumerate(zip(tokens, positions, strict=True)):
+            seen = self._tokens.setdefault(slot, [])
+            if len(seen) > position:
+                del seen[position:]
+                self._shared = None
+            if len(seen) == position:
+                seen.append(token)
+
     @torch.inference_mode()
     def decode(
         self, tokens: list[int], positions: list[int], adapters: list[str | None] | None = None
@@ -486,37 +587,50 @@ class SlotCacheRunner:
             self._group_key, self._decode_groups = key, self._row_groups(adapters)
         self._groups = self._decode_groups
         self._ensure_capacity(n, max(positions) + 1)
+        self._track(tokens, positions)
         pos = torch.tensor(positions, device=self.device)
         rows = torch.arange(n, device=self.device)
-        x = F.embedding(torch.tensor(tokens, device=self.device), self.embed)
-        cos, sin = self.cos[pos][:, None], self.sin[pos][:, None]
-        h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x = self._embed(tokens)
+        rope = self._rope_at(pos)
+        h, kv = self.num_heads, self.num_kv_heads
         gqa = kv != h
-        plan = [
-            (a, b, span, (self._arange[:span][None, :] <= pos[a:b, None])[:, None, None, :])
-            for a, b, span in self._buckets(positions)
-        ]
+        span = max(positions) + 1
+        shared = min(self._shared_prefix(n, adapters), span - 1) if n > 1 else 0
+        cascade = shared >= _CASCADE_MIN_SHARED
+        windows = dict.fromkeys(self.windows)
+        if cascade:
+            biases = {w: additive(visible(self._arange[:span], pos, w))[:, None, None] for w in windows}
+        else:
+            plan = {
+                w: [
+                    (a, b, s, visible(self._arange[:s], pos[a:b], w)[:, None, None])
+                    for a, b, s in self._buckets(positions)
+                ]
+                for w in windows
+            }
         for index, layer in enumerate(self.layers):
-            hidden = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.ln1_eps)
-            qkv = self._linear(hidden, layer.qkv_w, layer.qkv_b, index, "qkv")
-            qk = self._rotate(qkv[:, : (h + kv) * d].view(n, h + kv, d), cos, sin)
+            qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
             k_cache, v_cache = self._k[index], self._v[index]
             k_cache[rows, :, pos] = qk[:, h:]
-            v_cache[rows, :, pos] = qkv[:, (h + kv) * d :].view(n, kv, d)
-            q = qk[:, :h, None]
-            if len(plan) == 1:
-                a, b, span, mask = plan[0]
-                attn = F.scaled_dot_product_attention(
-                    q, k_cache[:n, :, :span], v_cache[:n, :, :span], attn_mask=mask, enable_gqa=gqa
+            v_cache[rows, :, pos] = v
+            window = self.windows[index]
+            if cascade:
+                attn = cascade_decode(
+                    qk[:, :h], k_cache, v_cache, shared, span, biases[window], self.arch.attn_scale
                 )
             else:
-                attn = torch.empty(n, h, 1, d, device=self.device, dtype=self.dtype)
-                for a, b, span, mask in plan:
+                q = qk[:, :h, None]
+                attn = torch.empty(n, h, 1, self.head_dim, device=self.device, dtype=self.dtype)
+                for a, b, s, mask in plan[window]:
                     attn[a:b] = F.scaled_dot_product_attention(
-                        q[a:b], k_cache[a:b, :, :span], v_cache[a:b, :, :span], attn_mask=mask, enable_gqa=gqa
+                        q[a:b],
+                        k_cache[a:b, :, :s],
+                        v_cache[a:b, :, :s],
+                        attn_mask=mask,
+                        enable_gqa=gqa,
+                        scale=self.arch.attn_scale,
                     )
-            out = self._linear(attn.view(n, h * d), layer.o_w, layer.o_b, index, "o")
-            x = self._mlp(index, layer, x + out)
+            x = self._residual(index, layer, x, attn.view(n, -1))
         return self._logits(x)
 
     @torch.inference_mode()
@@ -525,6 +639,8 @@ class SlotCacheRunner:
             self._ensure_capacity(max(src, dst) + 1, length)
             self._k[:, dst, :, :length] = self._k[:, src, :, :length]
             self._v[:, dst, :, :length] = self._v[:, src, :, :length]
+        self._tokens[dst] = self._tokens.get(src, [])[:length]
+        self._shared = None
 
     @torch.inference_mode()
     def move_many(self, moves: list[tuple[int, int, int]]) -> None:
@@ -539,6 +655,10 @@ class SlotCacheRunner:
         targets = torch.tensor([d for _, d, _ in moves], device=self.device)
         self._k[:, targets, :, :length] = self._k[:, sources, :, :length]
         self._v[:, targets, :, :length] = self._v[:, sources, :, :length]
+        copies = [(dst, self._tokens.get(src, [])[:n]) for src, dst, n in moves]
+        for dst, copied in copies:
+            self._tokens[dst] = copied
+        self._shared = None
 
 
 class RecomputeRunner:
