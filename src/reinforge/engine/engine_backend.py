@@ -102,6 +102,12 @@ class EngineBackend:
     ) -> list[int]:
         """The prompt ids of `messages` with `tools`, rendered by the chat template with `generated`
         turns kept as their token ids (cached by value)."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidRequestError(
+                "this model's tokenizer has no chat template (a base model, such as the packaged "
+                "gemma3-270m), so chat messages cannot be rendered: send a prompt (text or token ids) "
+                "instead, or set tokenizer.chat_template"
+            )
         try:
             key: str | None = json.dumps([messages, tools, generated or None], ensure_ascii=False)
         except (TypeError, ValueError):  # not JSON (a caller's own objects): render without the cache

@@ -411,6 +411,12 @@ class SlotCacheRunner:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
 
+    def _cache_rows(self, slots: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """Where each token's keys (one row per KV head) go in a layer's cache viewed as
+        `[slots * kv_heads * capacity, head_dim]`: one `index_copy_` writes them all."""
+        heads = torch.arange(self.num_kv_heads, device=self.device)
+        return ((slots[:, None] * self.num_kv_heads + heads) * self._len_cap + pos[:, None]).reshape(-1)
+
     def _rope_at(self, pos: torch.Tensor) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
         return {kind: (cos[pos][:, None], sin[pos][:, None]) for kind, (cos, sin) in self.rope.items()}
 
@@ -436,7 +442,7 @@ class SlotCacheRunner:
         positions = [c + j for c, n in zip(starts, lens, strict=True) for j in range(n)]
         pos = torch.tensor(positions, device=self.device)
         slot_of = [first_slot + i for i, n in enumerate(lens) for _ in range(n)]
-        rows = torch.tensor(slot_of, device=self.device)
+        where = self._cache_rows(torch.tensor(slot_of, device=self.device), pos)
         h = self.num_heads
         x = self._embed([t for p, c in zip(prompts, starts, strict=True) for t in p[c:]])
         rope = self._rope_at(pos)
@@ -447,8 +453,8 @@ class SlotCacheRunner:
         prompt_masks = {} if padded else {w: per_prompt_masks(arange, starts, lens, w) for w in windows}
         for index, layer in enumerate(self.layers):
             qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
-            self._k[index, rows, :, pos] = qk[:, h:]
-            self._v[index, rows, :, pos] = v
+            self._k[index].view(-1, self.head_dim).index_copy_(0, where, qk[:, h:].reshape(-1, self.head_dim))
+            self._v[index].view(-1, self.head_dim).index_copy_(0, where, v.reshape(-1, self.head_dim))
             window = self.windows[index]
             if padded:
                 mask = batch_masks[window]
@@ -589,7 +595,7 @@ class SlotCacheRunner:
         self._ensure_capacity(n, max(positions) + 1)
         self._track(tokens, positions)
         pos = torch.tensor(positions, device=self.device)
-        rows = torch.arange(n, device=self.device)
+        where = self._cache_rows(torch.arange(n, device=self.device), pos)
         x = self._embed(tokens)
         rope = self._rope_at(pos)
         h, kv = self.num_heads, self.num_kv_heads
@@ -611,8 +617,8 @@ class SlotCacheRunner:
         for index, layer in enumerate(self.layers):
             qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
             k_cache, v_cache = self._k[index], self._v[index]
-            k_cache[rows, :, pos] = qk[:, h:]
-            v_cache[rows, :, pos] = v
+            k_cache.view(-1, self.head_dim).index_copy_(0, where, qk[:, h:].reshape(-1, self.head_dim))
+            v_cache.view(-1, self.head_dim).index_copy_(0, where, v.reshape(-1, self.head_dim))
             window = self.windows[index]
             if cascade:
                 attn = cascade_decode(
