@@ -29,7 +29,7 @@ def demo_command(
         bool, typer.Option("--rebuild-warm-start", help="Train the warm start from scratch (minutes).")
     ] = False,
     minutes: Annotated[
-        float | None, typer.Option("--minutes", help="RL wall-time budget (5; 15 with --model).")
+        float | None, typer.Option("--minutes", help="RL wall-time budget (5; 10 with --model).")
     ] = None,
     max_steps: Annotated[int | None, typer.Option("--max-steps", min=0, help="400; 60 with --model.")] = None,
     val_size: Annotated[int, typer.Option("--val-size", min=1, help="Held-out tasks evaluated.")] = 200,

@@ -48,7 +48,7 @@ class RealDemoSettings(BaseModel):
     model: str = "smollm2-135m-instruct"
     """A packaged model's name, a GGUF file, a model folder or a hub id (`reinforge models`)."""
     run_dir: Path = Path("runs/real-demo")
-    minutes: float = Field(default=15.0, gt=0)
+    minutes: float = Field(default=10.0, gt=0)
     max_steps: int = Field(default=60, ge=0)
     tasks_per_step: int = Field(default=8, ge=1)
     group_size: int = Field(default=8, ge=2)
@@ -56,10 +56,12 @@ class RealDemoSettings(BaseModel):
     """LoRA keeps the run under 6 GB: full fine-tuning adds fp32 gradients and two AdamW moments
     (1.6 GB for 134.5M weights) and was not faster on this CPU (docs/demo.md)."""
     lora_rank: int = Field(default=16, ge=1)
-    learning_rate: float = Field(default=2e-4, gt=0)
+    learning_rate: float = Field(default=3e-4, gt=0)
     max_tokens: int = Field(default=48, ge=8)
     """Tokens one call may generate: a calculator call is about 25, an answer about 8."""
-    micro_batch_tokens: int = Field(default=4096, ge=256)
+    micro_batch_tokens: int = Field(default=4608, ge=256)
+    """About one GRPO group (8 rows of a ~400-token prompt and its episode): its prompt is encoded
+    once for the 8 rows, and the activations stay well inside the memory bar."""
     val_size: int = Field(default=200, ge=1)
     checkpoint_every: int = Field(default=0, ge=0)
     runner_processes: int = Field(default=1, ge=0)
@@ -80,7 +82,11 @@ def trainer_config(settings: RealDemoSettings) -> TrainerConfig:
         optim=OptimSettings(
             learning_rate=settings.learning_rate, micro_batch_tokens=settings.micro_batch_tokens, lora=lora
         ),
-        rollouts=RolloutSettings(tasks_per_step=settings.tasks_per_step, max_tokens=settings.max_tokens),
+        # The next step's agents start during the update and wait at the gateway for the new weights: the
+        # attempt timeout must cover an update, or they all time out (the default 120 s did once).
+        rollouts=RolloutSettings(
+            tasks_per_step=settings.tasks_per_step, max_tokens=settings.max_tokens, timeout_s=900.0
+        ),
         runners=RunnerSettings(concurrency=128, processes=settings.runner_processes),
         engine=EngineSettings(max_batch_size=64, max_seq_len=768),
         schedule=ScheduleSettings(max_steps=settings.max_steps, max_minutes=settings.minutes, val_every=0),
