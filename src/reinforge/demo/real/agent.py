@@ -8,8 +8,8 @@ calculator calls (a product and a sum), their results and the answers (`DEMONSTR
 What RL has to fix: in the gateway's default tool form the results come back inside
 `<tool_response>` tags, and SmolLM2 mostly opens its reply with `<tool_response>` (the tag it saw
 last) and makes up a number, instead of `<tool_call>`: one token decides the episode. Greedy, it
-solves about a fifth of the questions; sampled, it calls the calculator often enough for GRPO
-groups to disagree (docs/demo.md, "The real-model demo").
+mostly fails; sampled, it calls the calculator often enough for GRPO groups to disagree
+(docs/demo.md).
 """
 
 from __future__ import annotations
@@ -65,9 +65,9 @@ def run_calculator(arguments: str) -> str:
 async def real_calc_agent(task: dict[str, Any], llm: LLM) -> float:
     """Answer `task["question"]` with the calculator; reward 1.0 for the exact `task["answer"]`."""
     sampling = sampling_from(llm)
-    async with AsyncOpenAI(
-        base_url=llm.base_url, api_key=llm.api_key, max_retries=1, timeout=120.0
-    ) as client:
+    # The SDK's defaults (600 s timeout): a call may wait at the gateway while the trainer updates, and
+    # a client that timed out and retried would send the same call twice.
+    async with AsyncOpenAI(base_url=llm.base_url, api_key=llm.api_key) as client:
         messages: list[Any] = [*DEMONSTRATION, {"role": "user", "content": str(task["question"])}]
         for _ in range(MAX_TURNS):
             response = await client.chat.completions.create(

@@ -7,6 +7,7 @@ process tree's summed RSS and keeps the highest value.
 
 from __future__ import annotations
 
+import ctypes
 import threading
 from types import TracebackType
 
@@ -61,3 +62,23 @@ class PeakTreeRss:
     @property
     def gigabytes(self) -> float:
         return self.bytes / 1e9
+
+
+M_ARENA_MAX = -8
+M_MMAP_THRESHOLD = -3
+
+
+def release_large_blocks(threshold_bytes: int = 1 << 20, arenas: int = 2) -> bool:
+    """Make glibc hand large freed blocks back to the OS (False where libc is not glibc).
+
+    The update (in a worker thread) and the engine allocate tensors of ever-changing shapes; glibc's
+    default raises its mmap threshold to 32 MB after the first large free and keeps one arena per
+    thread, so freed activations stay in the process instead of going back. Blocks of
+    `threshold_bytes` and more are then mapped and unmapped one by one.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, threshold_bytes)) and bool(mallopt(M_ARENA_MAX, arenas))

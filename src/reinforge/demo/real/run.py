@@ -22,7 +22,7 @@ from rich.console import Console
 from reinforge.algorithms import GRPO
 from reinforge.credit import CreditConfig
 from reinforge.demo.real.agent import real_calc_agent
-from reinforge.demo.real.memory import PeakTreeRss
+from reinforge.demo.real.memory import PeakTreeRss, release_large_blocks
 from reinforge.demo.real.report import RealDemoResult
 from reinforge.demo.real.tasks import train_tasks, val_tasks
 from reinforge.models import resolve_model
@@ -83,7 +83,7 @@ def trainer_config(settings: RealDemoSettings) -> TrainerConfig:
             learning_rate=settings.learning_rate, micro_batch_tokens=settings.micro_batch_tokens, lora=lora
         ),
         # The next step's agents start during the update and wait at the gateway for the new weights: the
-        # attempt timeout must cover an update, or they all time out (the default 120 s did once).
+        # attempt timeout must cover a whole update on 2 cores, or the whole prefetched step times out.
         rollouts=RolloutSettings(
             tasks_per_step=settings.tasks_per_step, max_tokens=settings.max_tokens, timeout_s=900.0
         ),
@@ -99,6 +99,7 @@ def run_real_demo(settings: RealDemoSettings | None = None, console: Console | N
     settings = settings or RealDemoSettings()
     console = console or Console()
     torch.set_num_threads(settings.threads)
+    release_large_blocks()
     transformers.utils.logging.disable_progress_bar()
     settings.run_dir.mkdir(parents=True, exist_ok=True)
     with PeakTreeRss() as peak:
