@@ -160,3 +160,17 @@ def test_peak_rss_adds_up_the_child_processes() -> None:
         finally:
             child.kill()
     assert peak.bytes >= alone + 290_000_000
+
+
+def test_the_demo_command_refuses_a_model_it_cannot_load(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from reinforge.cli import app
+
+    missing = tmp_path / "missing.gguf"
+    run_dir = tmp_path / "run"
+    out = CliRunner().invoke(
+        app, ["demo", "--model", str(missing), "--run-dir", str(run_dir), "--val-size", "2"]
+    )
+    assert out.exit_code == 2
+    assert f"there is no GGUF file {missing}" in out.output.replace("\n", "")
