@@ -1,0 +1,84 @@
+"""Peak resident memory of a run: this process and every process it started, added up.
+
+`getrusage` gives one process's peak (or the largest child's), not the peak of their sum; the bar is
+on what the whole run holds at once (trainer, engine, runner children), so a thread samples the
+process tree's summed RSS and keeps the highest value.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from types import TracebackType
+
+import psutil
+
+
+def tree_rss_bytes(root: psutil.Process) -> int:
+    """The summed RSS of `root` and its descendants now (processes that vanish mid-read count 0)."""
+    total = 0
+    try:
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    for process in processes:
+        try:
+            total += process.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return total
+
+
+class PeakTreeRss:
+    """`with PeakTreeRss() as peak: ...`, then `peak.bytes`: the highest summed RSS sampled."""
+
+    def __init__(self, interval_s: float = 0.25) -> None:
+        self.interval_s = interval_s
+        self.bytes = 0
+        self._root = psutil.Process()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="peak-rss", daemon=True)
+
+    def sample(self) -> int:
+        self.bytes = max(self.bytes, tree_rss_bytes(self._root))
+        return self.bytes
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def __enter__(self) -> PeakTreeRss:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    @property
+    def gigabytes(self) -> float:
+        return self.bytes / 1e9
+
+
+M_ARENA_MAX = -8
+M_MMAP_THRESHOLD = -3
+
+
+def release_large_blocks(threshold_bytes: int = 1 << 20, arenas: int = 2) -> bool:
+    """Make glibc hand large freed blocks back to the OS (False where libc is not glibc).
+
+    The update (in a worker thread) and the engine allocate tensors of ever-changing shapes; glibc's
+    default raises its mmap threshold to 32 MB after the first large free and keeps one arena per
+    thread, so freed activations stay in the process instead of going back. Blocks of
+    `threshold_bytes` and more are then mapped and unmapped one by one.
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(M_MMAP_THRESHOLD, threshold_bytes)) and bool(mallopt(M_ARENA_MAX, arenas))
