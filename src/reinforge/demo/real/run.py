@@ -66,6 +66,8 @@ class RealDemoSettings(BaseModel):
     checkpoint_every: int = Field(default=0, ge=0)
     runner_processes: int = Field(default=1, ge=0)
     threads: int = Field(default=2, ge=1)
+    compute: ComputeSettings = ComputeSettings(device="cpu", dtype="bfloat16")
+    """Where the update and the engine run (benchmarks/gpu/train_real_demo_gpu.py puts both on CUDA)."""
     seed: int = 0
     progress: bool = True
 
@@ -91,7 +93,7 @@ def trainer_config(settings: RealDemoSettings) -> TrainerConfig:
         engine=EngineSettings(max_batch_size=64, max_seq_len=768),
         schedule=ScheduleSettings(max_steps=settings.max_steps, max_minutes=settings.minutes, val_every=0),
         checkpoints=CheckpointSettings(every=settings.checkpoint_every),
-        compute=ComputeSettings(device="cpu", dtype="bfloat16"),
+        compute=settings.compute,
     )
 
 
