@@ -23,6 +23,13 @@ training, for the equal+air credit the demo uses.
     .venv/bin/python benchmarks/learning_bench.py --quick      # 2 steps of 8 tasks x 4, smoke run
     .venv/bin/python benchmarks/learning_bench.py --temperature 0.7   # trained and validated at 0.7
 
+At temperature 1 the learning rate is constant. At any other temperature the defaults are 30 steps
+and the demo's schedule, the rate decayed linearly to a tenth over the run (`reinforge demo`'s
+`lr_schedule`): below 1 the same step of the weights moves the tempered log-probabilities 1/T times
+as far, and a constant rate leaves the last policy caught mid-stride (docs/algorithms.md,
+"Learning at another temperature"). `--steps` and `--lr-schedule` override either. Each RESULT line
+is one run of one seed, as at temperature 1, not a mean over seeds.
+
 Every run also prints its first step's `policy/behaviour_drift` (mean |log π_old - log π_behaviour|
 before any update: zero up to float noise when the engine and the trainer agree on the behaviour
 logprob), and `RESULT temperature=<t> step1_behaviour_drift=<largest over the runs>`.
@@ -75,6 +82,8 @@ from reinforge.training.rollouts import collect_transitions
 from reinforge.types import MAX_PAGE_SIZE, RolloutMode, RolloutQuery
 
 ROOT = Path(__file__).resolve().parents[1]
+TEMPERED_STEPS = 30
+"""Policy updates per run at a temperature other than 1 when `--steps` is not given."""
 BUILT_WARM_START = ROOT / ".bench" / "calc-warm-start"
 
 
@@ -132,7 +141,7 @@ def run_variant(variant: Variant, warm: Path, args: argparse.Namespace, out_dir:
             run_dir=run_dir,
             seed=args.seed,
             progress=False,
-            optim=OptimSettings(learning_rate=args.learning_rate),
+            optim=OptimSettings(learning_rate=args.learning_rate, lr_schedule=args.lr_schedule),
             # The demo's serving settings (reinforge.demo.run), so the runs match `reinforge demo`.
             rollouts=RolloutSettings(
                 tasks_per_step=args.tasks_per_step, max_tokens=48, temperature=args.temperature
@@ -223,6 +232,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tasks-per-step", type=int, default=None)
     parser.add_argument("--group-size", type=int, default=None)
     parser.add_argument("--learning-rate", type=float, default=demo.learning_rate)
+    parser.add_argument(
+        "--lr-schedule",
+        choices=["constant", "linear", "cosine"],
+        default=None,
+        help="learning-rate schedule (default: constant at temperature 1, else the demo's linear decay)",
+    )
     parser.add_argument(
         "--temperature",
         type=float,
@@ -325,6 +340,17 @@ async def _gradient_check(run_dir: Path, warm: Path, group_size: int) -> list[st
     return lines
 
 
+def apply_temperature_defaults(args: argparse.Namespace) -> None:
+    """Fill `--steps` and `--lr-schedule` where not given: at temperature 1 the budget the
+    temperature-1 figures were measured with (20 steps unless asked, constant rate); elsewhere 30
+    steps and the demo's linear decay, because a step of the weights moves the policy 1/T as far."""
+    tempered = args.temperature != 1.0
+    if args.steps is None and tempered and not args.quick:
+        args.steps = TEMPERED_STEPS
+    if args.lr_schedule is None:
+        args.lr_schedule = DemoSettings().lr_schedule if tempered else "constant"
+
+
 def _one_thread() -> None:
     torch.set_num_threads(1)
 
@@ -332,6 +358,7 @@ def _one_thread() -> None:
 def main() -> None:
     demo = DemoSettings()
     args = build_parser().parse_args()
+    apply_temperature_defaults(args)
     args.steps = args.steps if args.steps is not None else (2 if args.quick else 20)
     args.tasks_per_step = args.tasks_per_step or (8 if args.quick else demo.tasks_per_step)
     args.group_size = args.group_size or (4 if args.quick else demo.group_size)
@@ -351,7 +378,8 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     print(
         f"learning_bench: warm start {warm}; GRPO {args.tasks_per_step} tasks x {args.group_size} per "
-        f"step, lr {args.learning_rate}, loss {args.loss_agg}, {args.steps} steps per run, "
+        f"step, lr {args.learning_rate} ({args.lr_schedule}), temperature {args.temperature}, "
+        f"loss {args.loss_agg}, {args.steps} steps per run, "
         f"{args.val_size} held-out tasks; "
         f"torch threads 1, load average {os.getloadavg()[0]:.1f} (2 cores, shared)",
         flush=True,

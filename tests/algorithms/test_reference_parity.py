@@ -12,6 +12,9 @@
 - The clipped surrogate: l = -min(rho A, clip(rho, 1 - eps_low, 1 + eps_high) A) with rho = pi/pi_old,
   DAPO's clip-higher (Yu et al. 2025) when eps_high > eps_low, weighted by truncated importance
   sampling min(pi_old/pi_behaviour, C); aggregated token-mean (DAPO) or seq-mean-token-mean (GRPO).
+
+`benchmarks/trl_parity.py` puts these same fixtures through TRL's own GRPO and RLOO trainer code
+(docs/algorithms.md, "Against TRL's own code").
 """
 
 from __future__ import annotations
@@ -192,7 +195,7 @@ def test_the_clipped_surrogate_loss_and_its_gradient_match_the_formula(config: P
         config,
         old_logprobs=torch.tensor(OLD),
     )
-    assert float(loss) == pytest.approx(reference_loss(config, LOGPROBS), abs=1e-6)
+    assert float(loss.detach()) == pytest.approx(reference_loss(config, LOGPROBS), abs=1e-6)
     loss.backward()
     assert logprobs.grad is not None
     np.testing.assert_allclose(logprobs.grad.numpy(), reference_gradient(config), atol=1e-6)

@@ -96,3 +96,22 @@ def test_learning_summary_flags_a_collapse_and_reads_metric_names() -> None:
 def test_quick_flag_parses(module: str) -> None:
     args = _load(module).build_parser().parse_args(["--quick"])
     assert args.quick is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "steps", "schedule"),
+    [
+        ([], None, "constant"),  # temperature 1: the budget its figures were measured with (20 steps later)
+        (["--temperature", "0.7"], 30, "linear"),
+        (["--temperature", "0.7", "--steps", "12", "--lr-schedule", "constant"], 12, "constant"),
+        (["--temperature", "0.7", "--quick"], None, "linear"),
+        (["--lr-schedule", "cosine"], None, "cosine"),
+    ],
+)
+def test_learning_defaults_depend_on_the_temperature(
+    argv: list[str], steps: int | None, schedule: str
+) -> None:
+    bench = _load("learning_bench")
+    args = bench.build_parser().parse_args(argv)
+    bench.apply_temperature_defaults(args)
+    assert (args.steps, args.lr_schedule) == (steps, schedule)
