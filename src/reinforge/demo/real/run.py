@@ -22,7 +22,7 @@ from rich.console import Console
 from reinforge.algorithms import GRPO
 from reinforge.credit import CreditConfig
 from reinforge.demo.real.agent import real_calc_agent
-from reinforge.demo.real.memory import PeakTreeRss, release_large_blocks
+from reinforge.demo.real.memory import PeakTreeRss, TrimFreedMemory, release_large_blocks
 from reinforge.demo.real.report import RealDemoResult
 from reinforge.demo.real.tasks import train_tasks, val_tasks
 from reinforge.models import resolve_model
@@ -76,7 +76,9 @@ def trainer_config(settings: RealDemoSettings) -> TrainerConfig:
     """The Trainer's settings for the run."""
     lora = None
     if settings.finetune == "lora":
-        lora = LoraSettings(r=settings.lora_rank, alpha=2 * settings.lora_rank)
+        # The frozen base in bf16: the same forward under bf16 autocast, without a bf16 copy of every
+        # weight saved for each forward's backward (0.53 GB a micro-batch, docs/demo.md).
+        lora = LoraSettings(r=settings.lora_rank, alpha=2 * settings.lora_rank, base_dtype="compute")
     return TrainerConfig(
         run_dir=settings.run_dir,
         seed=settings.seed,
@@ -104,7 +106,7 @@ def run_real_demo(settings: RealDemoSettings | None = None, console: Console | N
     release_large_blocks()
     transformers.utils.logging.disable_progress_bar()
     settings.run_dir.mkdir(parents=True, exist_ok=True)
-    with PeakTreeRss() as peak:
+    with PeakTreeRss() as peak, TrimFreedMemory():
         started = time.monotonic()
         folder = resolve_model(settings.model)
         console.print(f"model {settings.model}: {folder} (ready in {time.monotonic() - started:.1f}s)")
