@@ -59,9 +59,10 @@ class RealDemoSettings(BaseModel):
     learning_rate: float = Field(default=3e-4, gt=0)
     max_tokens: int = Field(default=48, ge=8)
     """Tokens one call may generate: a calculator call is about 25, an answer about 8."""
-    micro_batch_tokens: int = Field(default=4608, ge=256)
-    """About one GRPO group (8 rows of a ~400-token prompt and its episode): its prompt is encoded
-    once for the 8 rows, and the activations stay well inside the memory bar."""
+    micro_batch_tokens: int = Field(default=2304, ge=256)
+    """About half a GRPO group (4 rows of a ~400-token prompt and its episode), its prompt encoded
+    once for them. A whole group's budget (4,608) also took a row of the next group, and so its
+    prompt too: twice the activations for about 8% fewer tokens over the update (docs/demo.md)."""
     val_size: int = Field(default=200, ge=1)
     checkpoint_every: int = Field(default=0, ge=0)
     runner_processes: int = Field(default=1, ge=0)
