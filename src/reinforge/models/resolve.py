@@ -9,7 +9,6 @@ import tempfile
 from pathlib import Path
 
 from reinforge.models.cache import cached_folder, gguf_cache_name, publish
-from reinforge.models.convert import convert_gguf, gguf_architecture
 from reinforge.models.errors import ModelPackageMissingError, ModelSourceError
 from reinforge.models.registry import PACKAGED_MODELS, PackagedModel
 
@@ -37,6 +36,8 @@ def prepare_packaged(model: PackagedModel) -> Path:
         return found
 
     def write(out_dir: Path) -> None:
+        from reinforge.models.convert import convert_gguf, gguf_architecture  # torch: only to convert
+
         with tempfile.TemporaryDirectory(dir=out_dir.parent) as scratch:
             gguf = packaged_gguf(model, Path(scratch))
             architecture = gguf_architecture(gguf)
@@ -55,6 +56,8 @@ def prepare_gguf(path: Path) -> Path:
     found = cached_folder(name)
     if found is not None:
         return found
+    from reinforge.models.convert import convert_gguf  # torch and transformers: only to convert
+
     return publish(name, lambda out_dir: convert_gguf(path.resolve(), out_dir))
 
 

@@ -47,6 +47,13 @@ class LoraSettings(BaseModel):
     )
     roles: list[str] | None = None
     """One adapter per listed role instead of one shared adapter (names: letters, digits, `_`, `-`)."""
+    base_dtype: Literal["float32", "compute"] = "float32"
+    """"compute": the frozen base weights of the adapted layers are kept in the update's compute
+    precision (bfloat16 under bf16 autocast) instead of float32. Autocast casts them there in every
+    forward anyway, but it caches casts of trainable weights only, so each forward pass kept a fresh
+    bf16 copy of every frozen weight for its backward; the forward and the gradients are the same,
+    and the base takes half the memory. The engine's merged weights are then rounded once from the
+    bf16 base plus the float32 adapter delta instead of from the float32 base."""
 
     @field_validator("roles")
     @classmethod

@@ -102,6 +102,65 @@ def wrap_lora(model: PreTrainedModel, settings: LoraSettings) -> torch.nn.Module
     return wrapped
 
 
+def _vanilla_lora_layers(model: torch.nn.Module) -> list[tuple[str, Any]] | None:
+    """Each peft LoRA layer of `model` (with its module path) when all are plain LoRA on an
+    `nn.Linear` (no DoRA or other variant, no LoRA bias), else None."""
+    from peft.tuners.lora import LoraLayer
+
+    layers: list[tuple[str, Any]] = []
+    for path, module in model.named_modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        layer: Any = module
+        if (
+            not isinstance(layer.get_base_layer(), torch.nn.Linear)
+            or layer.lora_variant
+            or any(layer.lora_bias.values())
+        ):
+            return None
+        layers.append((path, layer))
+    return layers
+
+
+def lower_frozen_base(model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """Store the frozen base weights (and biases) of `model`'s LoRA layers in `dtype`; returns how
+    many layers changed. Under autocast to `dtype` the forward computes the same values (the cast
+    it would make is already made) and saves these tensors for the backward instead of new copies
+    (`LoraSettings.base_dtype`)."""
+    layers = _vanilla_lora_layers(model)
+    if layers is None:
+        raise InvalidRequestError("lora.base_dtype = 'compute' needs plain LoRA on linear layers")
+    for _, layer in layers:
+        base = layer.get_base_layer()
+        for param in (base.weight, base.bias):
+            if param is not None and not param.requires_grad:
+                param.data = param.data.to(dtype)
+    return len(layers)
+
+
+def merged_lora_state(peft_model: Any) -> dict[str, torch.Tensor] | None:
+    """The base model's state with the shared adapter merged in, without copying the model: the
+    same values as `merge_and_unload` on a copy (base weight + `get_delta_weight`, in the base
+    weight's dtype), new tensors only for the merged weights. None when a layer is not plain LoRA
+    on an `nn.Linear` (the caller merges a copy with peft then)."""
+    inner: torch.nn.Module = peft_model.get_base_model()
+    layers = _vanilla_lora_layers(inner)
+    if layers is None:
+        return None
+    state = {
+        k.replace(".base_layer.", "."): v.detach() for k, v in inner.state_dict().items() if ".lora_" not in k
+    }
+    with torch.no_grad():
+        for path, layer in layers:
+            weight = layer.get_base_layer().weight
+            merged = weight.detach().float() if weight.dtype != torch.float32 else weight.detach().clone()
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A:
+                    merged += layer.get_delta_weight(adapter).float()
+            state[f"{path}.weight"] = merged.to(weight.dtype)
+    return state
+
+
 def _adapter_of(parameter_name: str) -> str | None:
     """The adapter a peft parameter belongs to (`...q_proj.lora_A.<adapter>.weight`), or None."""
     parts = parameter_name.split(".")
@@ -154,6 +213,8 @@ class Policy:
         self.top_k = top_k
         self.lora = lora = optim.lora
         self.model: torch.nn.Module = wrap_lora(model, lora) if lora is not None else model
+        if lora is not None and lora.base_dtype == "compute" and placement.autocast is not None:
+            lower_frozen_base(self.model, placement.autocast)
         self.roles: list[str] = list(lora.roles) if lora is not None and lora.roles else []
         """One adapter per role (empty: the full model, or one shared adapter)."""
         self._role_params: dict[str, list[torch.nn.Parameter]] = {role: [] for role in self.roles}
@@ -233,6 +294,9 @@ class Policy:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         peft_model: Any = self.model
         if not self.roles:
+            state = merged_lora_state(peft_model)
+            if state is not None:
+                return state
             merged = copy.deepcopy(peft_model).merge_and_unload()
             return {k: v.detach() for k, v in merged.state_dict().items()}
         from peft.tuners.lora import LoraLayer

@@ -22,7 +22,7 @@ from rich.console import Console
 from reinforge.algorithms import GRPO
 from reinforge.credit import CreditConfig
 from reinforge.demo.real.agent import real_calc_agent
-from reinforge.demo.real.memory import PeakTreeRss, release_large_blocks
+from reinforge.demo.real.memory import PeakTreeRss, TrimFreedMemory, release_large_blocks
 from reinforge.demo.real.report import RealDemoResult
 from reinforge.demo.real.tasks import train_tasks, val_tasks
 from reinforge.models import resolve_model
@@ -59,9 +59,10 @@ class RealDemoSettings(BaseModel):
     learning_rate: float = Field(default=3e-4, gt=0)
     max_tokens: int = Field(default=48, ge=8)
     """Tokens one call may generate: a calculator call is about 25, an answer about 8."""
-    micro_batch_tokens: int = Field(default=4608, ge=256)
-    """About one GRPO group (8 rows of a ~400-token prompt and its episode): its prompt is encoded
-    once for the 8 rows, and the activations stay well inside the memory bar."""
+    micro_batch_tokens: int = Field(default=2304, ge=256)
+    """About half a GRPO group (4 rows of a ~400-token prompt and its episode), its prompt encoded
+    once for them. A whole group's budget (4,608) also took a row of the next group, and so its
+    prompt too: twice the activations for about 8% fewer tokens over the update (docs/demo.md)."""
     val_size: int = Field(default=200, ge=1)
     checkpoint_every: int = Field(default=0, ge=0)
     runner_processes: int = Field(default=1, ge=0)
@@ -76,7 +77,9 @@ def trainer_config(settings: RealDemoSettings) -> TrainerConfig:
     """The Trainer's settings for the run."""
     lora = None
     if settings.finetune == "lora":
-        lora = LoraSettings(r=settings.lora_rank, alpha=2 * settings.lora_rank)
+        # The frozen base in bf16: the same forward under bf16 autocast, without a bf16 copy of every
+        # weight saved for each forward's backward (0.53 GB a micro-batch, docs/demo.md).
+        lora = LoraSettings(r=settings.lora_rank, alpha=2 * settings.lora_rank, base_dtype="compute")
     return TrainerConfig(
         run_dir=settings.run_dir,
         seed=settings.seed,
@@ -104,7 +107,7 @@ def run_real_demo(settings: RealDemoSettings | None = None, console: Console | N
     release_large_blocks()
     transformers.utils.logging.disable_progress_bar()
     settings.run_dir.mkdir(parents=True, exist_ok=True)
-    with PeakTreeRss() as peak:
+    with PeakTreeRss() as peak, TrimFreedMemory():
         started = time.monotonic()
         folder = resolve_model(settings.model)
         console.print(f"model {settings.model}: {folder} (ready in {time.monotonic() - started:.1f}s)")
