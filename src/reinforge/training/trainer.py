@@ -57,6 +57,7 @@ from reinforge.training.rollouts import (
     cancel_unfinished,
     finish_and_collect,
     mean_reward,
+    rollout_specs,
     run_rollouts,
     success_rate,
 )
@@ -523,17 +524,14 @@ class Trainer:
         for key, temperature in runs:
             resources = attempt_resources(run.version, cfg.rollouts.sampling_at(temperature))
             rv = await run.store.put_resources(resources)
-            rollouts = await run.stack.watch(
-                run_rollouts(
-                    run.store,
-                    list(enumerate(run.val)),
-                    prefix=f"{run.session}-{tag}-{key.split('/')[1]}",
-                    group_size=1,
-                    mode=RolloutMode.val,
-                    resources_version=rv.version,
-                    timeout_s=cfg.rollouts.step_timeout_s,
-                )
+            specs = rollout_specs(
+                list(enumerate(run.val)),
+                prefix=f"{run.session}-{tag}-{key.split('/')[1]}",
+                group_size=1,
+                mode=RolloutMode.val,
+                resources_version=rv.version,
             )
+            rollouts = await run.stack.watch(run_rollouts(run.store, specs, cfg.rollouts.step_timeout_s))
             out[key] = success_rate(rollouts)
             out[key.replace("success", "reward")] = mean_reward(rollouts)
         return out
