@@ -10,17 +10,13 @@ from typing import Any, Self
 from reinforge.gateway.formats.base import Event, FormatContext, chat_logprobs
 from reinforge.gateway.formats.openai_choices import OpenAIChoices
 from reinforge.gateway.openai_bodies import ChatCompletionBody, chat_request, parse_body
-from reinforge.inference.contract import GenerationResult, ToolCall
-
-
-def tool_call(call: ToolCall) -> dict[str, Any]:
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+from reinforge.inference.contract import GenerationResult
 
 
 def chat_message(result: GenerationResult) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.text or None, "refusal": None}
     if result.tool_calls:
-        message["tool_calls"] = [tool_call(c) for c in result.tool_calls]
+        message["tool_calls"] = [c.as_openai() for c in result.tool_calls]
     elif message["content"] is None:
         message["content"] = ""
     return message
@@ -79,7 +75,7 @@ class ChatCompletions(OpenAIChoices):
         if choice["logprobs"] is not None:
             events.append(self._chunk({}, logprobs=choice["logprobs"]))
         if result.tool_calls:
-            deltas = [{"index": i, **tool_call(call)} for i, call in enumerate(result.tool_calls)]
+            deltas = [{"index": i, **call.as_openai()} for i, call in enumerate(result.tool_calls)]
             events.append(self._chunk({"tool_calls": deltas}))
         final = self._chunk({}, result.finish_reason)
         if "token_ids" in choice:
