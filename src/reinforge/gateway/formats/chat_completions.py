@@ -52,13 +52,13 @@ class ChatCompletions(OpenAIChoices):
     def _chunk(
         self, delta: dict[str, Any], finish_reason: str | None = None, logprobs: dict[str, Any] | None = None
     ) -> Event:
-        choice: dict[str, Any] = {
-            "index": 0,
-            "delta": delta,
-            "logprobs": logprobs,
-            "finish_reason": finish_reason,
+        return {
+            "id": self.response_id,
+            "object": self.chunk_object,
+            "created": self.created,
+            "model": self.context.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
         }
-        return self._envelope(self.chunk_object, [choice])
 
     def stream_start(self) -> list[Event]:
         return [self._chunk({"role": "assistant", "content": ""})]

@@ -46,8 +46,13 @@ class Completions(OpenAIChoices):
         return self._answer(choice, result)
 
     def _chunk(self, text: str, finish_reason: str | None) -> Event:
-        choice: dict[str, Any] = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
-        return self._envelope(self.chunk_object, [choice])
+        return {
+            "id": self.response_id,
+            "object": self.chunk_object,
+            "created": self.created,
+            "model": self.context.model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
+        }
 
     def stream_start(self) -> list[Event]:
         return []
