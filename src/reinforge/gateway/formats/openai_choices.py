@@ -1,8 +1,8 @@
 """What OpenAI's two choice-based formats (chat completions, completions) share.
 
-A call's id and time, its `n` choices, the envelope of an answer and of a stream chunk, and the
-usage chunk a stream ends with when `stream_options.include_usage` asks for it; each format keeps
-only the shape of its own choices.
+A call's id and time, its `n` choices, the answer's envelope, and the usage chunk a stream ends
+with when `stream_options.include_usage` asks for it. Each format keeps the shape of its own
+choices, and builds its stream chunks in one literal (the per-chunk path makes no extra call).
 """
 
 from __future__ import annotations
