@@ -1,8 +1,8 @@
 """reinforge: train any AI agent with reinforcement learning, with (almost) no change to its code."""
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from reinforge._lazy import lazy_names
 from reinforge.errors import (
     AuthenticationError,
     ConflictError,
@@ -42,12 +42,7 @@ _LAZY = {
     "CreditConfig": "reinforge.credit",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'reinforge' has no attribute {name!r}")
-    return getattr(importlib.import_module(module), name)
+__getattr__ = lazy_names(__name__, _LAZY)
 
 
 if TYPE_CHECKING:

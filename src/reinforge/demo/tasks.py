@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import random
-from typing import Literal
+from collections.abc import Callable
+from typing import Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -109,22 +110,42 @@ def sample_task(rng: random.Random, split: Split) -> CalcTask:
             return task
 
 
-def generate_tasks(split: Split, n: int, seed: int = 0, *, unique: bool = True) -> list[CalcTask]:
-    """`n` problems of the split, deterministic for a seed; unique questions unless asked otherwise."""
+class _Question(Protocol):
+    @property
+    def question(self) -> str: ...
+
+
+Q = TypeVar("Q", bound=_Question)
+
+
+def draw_tasks(
+    sample: Callable[[random.Random, Split], Q],
+    split: Split,
+    n: int,
+    rng: random.Random,
+    *,
+    unique: bool = True,
+) -> list[Q]:
+    """`n` tasks of the split drawn by `sample` (every demo's task set draws this way); unique
+    questions unless asked otherwise."""
     if n < 0:
         raise InvalidRequestError(f"n must be >= 0, got {n}")
     if split not in ("train", "val"):
         raise InvalidRequestError(f"split must be 'train' or 'val', got {split!r}")
-    rng = random.Random(f"{split}:{seed}")
-    tasks: list[CalcTask] = []
+    tasks: list[Q] = []
     seen: set[str] = set()
     while len(tasks) < n:
-        task = sample_task(rng, split)
+        task = sample(rng, split)
         if unique and task.question in seen:
             continue
         seen.add(task.question)
         tasks.append(task)
     return tasks
+
+
+def generate_tasks(split: Split, n: int, seed: int = 0, *, unique: bool = True) -> list[CalcTask]:
+    """`n` problems of the split, deterministic for a seed; unique questions unless asked otherwise."""
+    return draw_tasks(sample_task, split, n, random.Random(f"{split}:{seed}"), unique=unique)
 
 
 def task_dataset(split: Split, n: int, seed: int = 0) -> list[dict[str, object]]:

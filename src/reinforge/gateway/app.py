@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Unpack
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -18,7 +19,7 @@ from starlette.responses import Response
 
 from reinforge.gateway.errors import error_response
 from reinforge.gateway.routes import DEFAULT_MAX_BODY_BYTES, GatewayRoutes
-from reinforge.gateway.service import DEFAULT_MAX_CALLS_PER_ATTEMPT, Gateway
+from reinforge.gateway.service import Gateway, GatewayOptions
 from reinforge.inference.contract import Backend
 from reinforge.store.protocol import Store
 
@@ -31,29 +32,16 @@ def create_gateway_app(
     secret: str,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    attempt_cache_ttl_s: float = 2.0,
-    max_queued_spans: int = 4096,
-    max_span_batch: int = 256,
-    span_linger_s: float = 0.05,
-    max_calls_per_attempt: int = DEFAULT_MAX_CALLS_PER_ATTEMPT,
+    **options: Unpack[GatewayOptions],
 ) -> FastAPI:
-    """The gateway as an ASGI app; its `Gateway` is at `app.state.gateway`.
+    """The gateway as an ASGI app; its `Gateway` (built with `options`) is at `app.state.gateway`.
 
     Serve it alone or mount it beside the store server (`store_app.mount("/gateway", app)`); agents use
     `<url>/r/<attempt_id>/v1` as their OpenAI base URL and `attempt_token(secret, attempt_id)` as key.
     Its routes are a `RouteTable` (at `app.state.route_table`), which `BackgroundServer` serves
     without the ASGI stack.
     """
-    gateway = Gateway(
-        store,
-        backend,
-        secret,
-        attempt_cache_ttl_s=attempt_cache_ttl_s,
-        max_queued_spans=max_queued_spans,
-        max_span_batch=max_span_batch,
-        span_linger_s=span_linger_s,
-        max_calls_per_attempt=max_calls_per_attempt,
-    )
+    gateway = Gateway(store, backend, secret, **options)
     table = GatewayRoutes(gateway).table(max_body_bytes)
 
     @asynccontextmanager

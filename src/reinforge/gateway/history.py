@@ -42,10 +42,7 @@ class Turn:
         restored = {k: v for k, v in sent.items() if k not in ("content", "tool_calls")}
         restored["content"] = self.text
         if self.tool_calls:
-            restored["tool_calls"] = [
-                {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in self.tool_calls
-            ]
+            restored["tool_calls"] = [c.as_openai() for c in self.tool_calls]
         return restored
 
 

@@ -186,6 +186,33 @@ def _unsent_text(streamed: str, final: str) -> str:
     return final[len(streamed) :] if final.startswith(streamed) else ""
 
 
+def _record(
+    g: Gateway,
+    caller: Caller,
+    call: ApiFormat,
+    gen: GenerationRequest,
+    history: Restored | None,
+    data: dict[str, Any],
+    response: dict[str, Any],
+    result: GenerationResult,
+    started: float,
+    latency_ms: float,
+) -> Awaitable[str]:
+    """Record one answered call, plain or streamed: both bodies and the sampling asked for and
+    applied. A plain function handing back `record_call`'s awaitable, so no coroutine is added."""
+    return g.record_call(
+        caller,
+        endpoint=call.endpoint,
+        request_body=data,
+        response_body=response,
+        result=result,
+        started=started,
+        latency_ms=latency_ms,
+        history=history,
+        sampling=AppliedSampling(call.request.sampling, gen.sampling, caller.sampling),
+    )
+
+
 class GatewayRoutes:
     """The route handlers, closed over one `Gateway`."""
 
@@ -256,17 +283,7 @@ class GatewayRoutes:
             latency_ms = (time.perf_counter() - t0) * 1000
             bodies = [call.body(result) for result in results]
             for result, body in zip(results, bodies, strict=True):
-                await g.record_call(
-                    caller,
-                    endpoint=fmt.endpoint,
-                    request_body=data,
-                    response_body=body,
-                    result=result,
-                    started=started,
-                    latency_ms=latency_ms,
-                    history=history,
-                    sampling=AppliedSampling(call.request.sampling, gen.sampling, caller.sampling),
-                )
+                await _record(g, caller, call, gen, history, data, body, result, started, latency_ms)
             return _ok(bodies[0] if len(bodies) == 1 else merge_choices(bodies))
 
         return serve
@@ -301,17 +318,7 @@ class GatewayRoutes:
             events, response = call.stream_end(result, _unsent_text("".join(streamed), result.text))
             for event in events:
                 yield _frame(event, named)
-            await g.record_call(
-                caller,
-                endpoint=call.endpoint,
-                request_body=data,
-                response_body=response,
-                result=result,
-                started=started,
-                latency_ms=latency_ms,
-                history=history,
-                sampling=AppliedSampling(call.request.sampling, gen.sampling, caller.sampling),
-            )
+            await _record(g, caller, call, gen, history, data, response, result, started, latency_ms)
             ended = True
             for event in call.stream_done(response):
                 yield _frame(event, named)

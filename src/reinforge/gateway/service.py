@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 from reinforge import semconv
 from reinforge.errors import UpstreamError
@@ -118,6 +118,16 @@ def _span_of(
         events=[],
         sequence=None,
     )
+
+
+class GatewayOptions(TypedDict, total=False):
+    """`Gateway`'s tuning, as `create_gateway_app` passes it on (the defaults are `Gateway`'s)."""
+
+    attempt_cache_ttl_s: float
+    max_queued_spans: int
+    max_span_batch: int
+    span_linger_s: float
+    max_calls_per_attempt: int
 
 
 class Gateway:

@@ -65,6 +65,11 @@ class ToolCall(BaseModel):
     name: str
     arguments: str
 
+    def as_openai(self) -> dict[str, Any]:
+        """The call as an item of an OpenAI chat message's `tool_calls`."""
+        function = {"name": self.name, "arguments": self.arguments}
+        return {"id": self.id, "type": "function", "function": function}
+
 
 class ResponseFormat(BaseModel):
     """Structured output: any JSON object, or JSON matching a schema (OpenAI's `response_format`)."""

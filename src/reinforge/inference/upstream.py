@@ -73,13 +73,22 @@ def _ids_from_logprob_tokens(tokens: list[str]) -> list[int]:
     return ids
 
 
-def _shaping(s: SamplingParams) -> dict[str, Any]:
-    """Penalties and logit bias under the names vLLM and SGLang both use."""
-    out: dict[str, Any] = {}
-    if s.presence_penalty:
-        out["presence_penalty"] = s.presence_penalty
-    if s.frequency_penalty:
-        out["frequency_penalty"] = s.frequency_penalty
+_SAME_NAMED = ("stop", "stop_token_ids", "presence_penalty", "frequency_penalty")
+"""Sampling fields vLLM and SGLang both name as reinforge does; sent only when set (else the
+server's default applies)."""
+
+
+def _sampling(s: SamplingParams, *, max_tokens: str, seed: str) -> dict[str, Any]:
+    """The sampling fields vLLM and SGLang both take, the length cap and seed under the names given
+    (the two servers differ only there; top-k and the rest are each caller's)."""
+    out: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p}
+    for name in _SAME_NAMED:
+        if value := getattr(s, name):
+            out[name] = value
+    if s.max_tokens is not None:
+        out[max_tokens] = s.max_tokens
+    if s.seed is not None:
+        out[seed] = s.seed
     if s.logit_bias:
         out["logit_bias"] = {str(token): bias for token, bias in s.logit_bias.items()}
     return out
@@ -211,18 +220,9 @@ class UpstreamBackend:
 
     def _vllm_sampling(self, request: GenerationRequest) -> dict[str, Any]:
         s = request.sampling
-        out: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p}
+        out = _sampling(s, max_tokens="max_tokens", seed="seed")
         if s.top_k:
             out["top_k"] = s.top_k
-        if s.max_tokens is not None:
-            out["max_tokens"] = s.max_tokens
-        if s.stop:
-            out["stop"] = s.stop
-        if s.stop_token_ids:
-            out["stop_token_ids"] = s.stop_token_ids
-        if s.seed is not None:
-            out["seed"] = s.seed
-        out.update(_shaping(s))
         if s.grammar is not None:
             out["structured_outputs"] = {"grammar": s.grammar}  # vLLM's field; llguidance reads it
         return out
@@ -253,16 +253,8 @@ class UpstreamBackend:
 
     def _sglang_payload(self, request: GenerationRequest) -> dict[str, Any]:
         s = request.sampling
-        params: dict[str, Any] = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k or -1}
-        if s.max_tokens is not None:
-            params["max_new_tokens"] = s.max_tokens
-        if s.stop:
-            params["stop"] = s.stop
-        if s.stop_token_ids:
-            params["stop_token_ids"] = s.stop_token_ids
-        if s.seed is not None:
-            params["sampling_seed"] = s.seed
-        params.update(_shaping(s))
+        params = _sampling(s, max_tokens="max_new_tokens", seed="sampling_seed")
+        params["top_k"] = s.top_k or -1
         if s.top_k and s.temperature > 0:
             raise InvalidRequestError(
                 "SGLang reports logprobs renormalised over top-p but not top-k, so with top_k they are "

@@ -200,18 +200,7 @@ class MemoryStore:
                 if rid is None:
                     break
                 rollout = self._rollouts[rid]
-                rollout.attempt_count += 1
-                rollout.status = RolloutStatus.running
-                rollout.updated_at = now
-                attempt = Attempt(
-                    attempt_id=new_ordered_id(),
-                    rollout_id=rid,
-                    attempt_no=rollout.attempt_count,
-                    runner_id=runner_id,
-                    started_at=now,
-                    lease_deadline=now + lease_seconds,
-                    last_heartbeat=now,
-                )
+                attempt = rules.start_attempt(rollout, runner_id, now, now + lease_seconds)
                 self._attempts[attempt.attempt_id] = attempt
                 self._attempts_of.setdefault(rid, []).append(attempt.attempt_id)
                 self._current[rid] = attempt.attempt_id

@@ -1,4 +1,5 @@
-"""The store rules every backend shares: argument checks, the retry policy, paging.
+"""The store rules every backend shares: argument checks, a lease's new attempt, the retry policy,
+paging.
 
 Keeping them in one place is what lets the memory and SQL backends (and, through the server, the
 HTTP client) pass one conformance suite without drifting apart.
@@ -13,13 +14,16 @@ from typing import TypeVar
 from reinforge.errors import ConflictError, InvalidRequestError
 from reinforge.types import (
     MAX_STORED_INT,
+    Attempt,
     AttemptOutcome,
     AttemptStatus,
     Page,
+    Rollout,
     RolloutMode,
     RolloutSpec,
     RolloutStatus,
     Span,
+    new_ordered_id,
 )
 
 T = TypeVar("T")
@@ -128,6 +132,22 @@ def check_ids(ids: Sequence[str], name: str) -> list[str]:
         if not isinstance(i, str) or not i:
             raise InvalidRequestError(f"{name} must hold non-empty strings, got {i!r}")
     return out
+
+
+def start_attempt(rollout: Rollout, runner_id: str, now: float, deadline: float) -> Attempt:
+    """Mark a just-leased rollout running (in place) and make its new attempt."""
+    rollout.attempt_count += 1
+    rollout.status = RolloutStatus.running
+    rollout.updated_at = now
+    return Attempt(
+        attempt_id=new_ordered_id(),
+        rollout_id=rollout.rollout_id,
+        attempt_no=rollout.attempt_count,
+        runner_id=runner_id,
+        started_at=now,
+        lease_deadline=deadline,
+        last_heartbeat=now,
+    )
 
 
 def after_finish(outcome: AttemptOutcome, attempt_count: int, max_attempts: int) -> RolloutStatus:

@@ -10,8 +10,9 @@ torch plus transformers take seconds to import, which `reinforge store serve` sh
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from reinforge._lazy import lazy_names
 
 if TYPE_CHECKING:
     from reinforge.training.config import (
@@ -33,34 +34,29 @@ if TYPE_CHECKING:
     from reinforge.training.trainer import FitResult, Trainer
 
 _WHERE = {
-    "CheckpointSettings": "config",
-    "ComputeSettings": "config",
-    "DistributedSettings": "config",
-    "EngineSettings": "config",
-    "FitResult": "trainer",
-    "LoraSettings": "config",
-    "OptimSettings": "config",
-    "RolloutSettings": "config",
-    "RunnerSettings": "config",
-    "ScheduleSettings": "config",
-    "StoreSettings": "config",
-    "MetricsLog": "metrics",
-    "Policy": "policy",
-    "SftConfig": "sft",
-    "SftExample": "sft",
-    "Trainer": "trainer",
-    "TrainerConfig": "config",
-    "plot_reward_curve": "metrics",
-    "render_conversation": "sft",
-    "supervised_finetune": "sft",
+    "CheckpointSettings": ".config",
+    "ComputeSettings": ".config",
+    "DistributedSettings": ".config",
+    "EngineSettings": ".config",
+    "FitResult": ".trainer",
+    "LoraSettings": ".config",
+    "OptimSettings": ".config",
+    "RolloutSettings": ".config",
+    "RunnerSettings": ".config",
+    "ScheduleSettings": ".config",
+    "StoreSettings": ".config",
+    "MetricsLog": ".metrics",
+    "Policy": ".policy",
+    "SftConfig": ".sft",
+    "SftExample": ".sft",
+    "Trainer": ".trainer",
+    "TrainerConfig": ".config",
+    "plot_reward_curve": ".metrics",
+    "render_conversation": ".sft",
+    "supervised_finetune": ".sft",
 }
 
-
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module 'reinforge.training' has no attribute {name!r}")
-    return getattr(importlib.import_module(f"reinforge.training.{module}"), name)
+__getattr__ = lazy_names(__name__, _WHERE)
 
 
 __all__ = [

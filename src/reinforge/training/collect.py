@@ -29,7 +29,12 @@ from reinforge.runner import Agent, AgentFunction, CommandAgent, Runner
 from reinforge.stack.app import ServedStack, StackApp
 from reinforge.stack.settings import MODEL_NAME
 from reinforge.store.protocol import Store
-from reinforge.training.rollouts import attempt_resources, collect_transitions, run_rollouts
+from reinforge.training.rollouts import (
+    attempt_resources,
+    collect_transitions,
+    rollout_specs,
+    run_rollouts,
+)
 from reinforge.training.runner_processes import RunnerProcesses, RunnerProcessSettings, agent_reference
 from reinforge.training.sft import SftExample
 from reinforge.types import (
@@ -119,15 +124,15 @@ async def collect_traces(
         if tokenizer_id is not None:
             given[TOKENIZER_RESOURCE] = tokenizer_id
         resources = await store.put_resources(given)
-        rollouts = await run_rollouts(
-            store,
+        specs = rollout_specs(
             list(enumerate(tasks)),
             prefix=prefix or f"traces-{secrets.token_hex(4)}",
             group_size=1,
             mode=RolloutMode.train,
             resources_version=resources.version,
-            timeout_s=min(3600.0, max(timeout_s * 4, timeout_s * len(tasks) / max(concurrency, 1) * 2)),
         )
+        wait_s = min(3600.0, max(timeout_s * 4, timeout_s * len(tasks) / max(concurrency, 1) * 2))
+        rollouts = await run_rollouts(store, specs, wait_s)
     finally:
         stop.set()
         if children is not None:

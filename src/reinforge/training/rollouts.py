@@ -102,29 +102,8 @@ def task_key(task: dict[str, Any], index: int) -> str:
     return f"task-{index}"
 
 
-async def run_rollouts(
-    store: Store,
-    tasks: Sequence[tuple[int, dict[str, Any]]],
-    *,
-    prefix: str,
-    group_size: int,
-    mode: RolloutMode,
-    resources_version: int,
-    timeout_s: float,
-    max_attempts: int = 2,
-) -> list[Rollout]:
-    """Enqueue each (dataset index, task) `group_size` times and return the rollouts once final.
-
-    Rollout ids are `prefix`-based, so they are unique per run session and step.
-    """
-    specs = rollout_specs(
-        tasks,
-        prefix=prefix,
-        group_size=group_size,
-        mode=mode,
-        resources_version=resources_version,
-        max_attempts=max_attempts,
-    )
+async def run_rollouts(store: Store, specs: Sequence[RolloutSpec], timeout_s: float) -> list[Rollout]:
+    """Enqueue the rollouts (`rollout_specs`) and return them once final (`finish_rollouts`)."""
     ids = [r.rollout_id for r in await store.enqueue_rollouts(specs)]
     return await finish_rollouts(store, ids, timeout_s)
 

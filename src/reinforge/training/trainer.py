@@ -57,6 +57,7 @@ from reinforge.training.rollouts import (
     cancel_unfinished,
     finish_and_collect,
     mean_reward,
+    rollout_specs,
     run_rollouts,
     success_rate,
 )
@@ -164,7 +165,8 @@ class Trainer:
             token = cfg.store.token.get_secret_value() if cfg.store.token is not None else None
             store = await open_store(cfg.store_location, token)
             try:
-                return await self._fit(store, agent, list(train_dataset), list(val_dataset))
+                run = await self._open_run(store, agent, list(train_dataset), list(val_dataset))
+                return await self._fit(run)
             finally:
                 await store.close()
         finally:
@@ -212,16 +214,9 @@ class Trainer:
             data_parallel=self._data_parallel,
         )
 
-    async def _fit(
-        self,
-        store: Store,
-        agent: Agent | AgentFunction | CommandAgent,
-        train: list[dict[str, Any]],
-        val: list[dict[str, Any]],
-    ) -> FitResult:
+    async def _fit(self, run: _Run) -> FitResult:
+        """Train the opened run to its end (step budget or time), then validate and stop its stack."""
         cfg = self.config
-        _seed_everything(cfg.seed)
-        run = await self._open_run(store, agent, train, val)
         try:
             # What exists before training (model, tokenizer, libraries, rollout stack) lives until
             # the end: frozen out of the full collections a step triggers (docs/training.md), and
@@ -398,8 +393,9 @@ class Trainer:
         val: list[dict[str, Any]],
     ) -> _Run:
         """The policy (resumed from the run folder's last checkpoint when there is one), and the
-        rollout stack serving it, started."""
+        rollout stack serving it, started; the run's seed set first."""
         cfg = self.config
+        _seed_everything(cfg.seed)
         # The embedded engine serves its own copy (taken before LoRA wraps the model): the trainer's
         # weights change in place during an update, the engine's only when a version is published.
         # An upstream server holds its own weights; it needs only the model's config.
@@ -523,17 +519,14 @@ class Trainer:
         for key, temperature in runs:
             resources = attempt_resources(run.version, cfg.rollouts.sampling_at(temperature))
             rv = await run.store.put_resources(resources)
-            rollouts = await run.stack.watch(
-                run_rollouts(
-                    run.store,
-                    list(enumerate(run.val)),
-                    prefix=f"{run.session}-{tag}-{key.split('/')[1]}",
-                    group_size=1,
-                    mode=RolloutMode.val,
-                    resources_version=rv.version,
-                    timeout_s=cfg.rollouts.step_timeout_s,
-                )
+            specs = rollout_specs(
+                list(enumerate(run.val)),
+                prefix=f"{run.session}-{tag}-{key.split('/')[1]}",
+                group_size=1,
+                mode=RolloutMode.val,
+                resources_version=rv.version,
             )
+            rollouts = await run.stack.watch(run_rollouts(run.store, specs, cfg.rollouts.step_timeout_s))
             out[key] = success_rate(rollouts)
             out[key.replace("success", "reward")] = mean_reward(rollouts)
         return out

@@ -7,19 +7,14 @@ held-out splits are disjoint by construction, whatever seed or size a caller ask
 
 from __future__ import annotations
 
-import hashlib
 import random
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from reinforge.errors import InvalidRequestError
+from reinforge.demo.tasks import Split, draw_tasks, is_held_out
 
-Split = Literal["train", "val"]
 Kind = Literal["sum", "product"]
-
-HELD_OUT_MODULUS = 5
-"""One question in five (by hash) belongs to the held-out split."""
 
 
 class ArithmeticTask(BaseModel):
@@ -39,11 +34,6 @@ class ArithmeticTask(BaseModel):
 
 def question_text(a: int, op: str, b: int) -> str:
     return f"What is {a} {op} {b}?"
-
-
-def is_held_out(question: str) -> bool:
-    digest = hashlib.sha256(question.encode()).digest()
-    return int.from_bytes(digest[:8], "big") % HELD_OUT_MODULUS == 0
 
 
 def make_task(a: int, op: Literal["+", "*"], b: int) -> ArithmeticTask:
@@ -66,20 +56,8 @@ def sample_task(rng: random.Random, split: Split) -> ArithmeticTask:
 
 
 def generate_tasks(split: Split, n: int, seed: int = 0) -> list[ArithmeticTask]:
-    """`n` distinct questions of the split, deterministic for a seed."""
-    if n < 0:
-        raise InvalidRequestError(f"n must be >= 0, got {n}")
-    if split not in ("train", "val"):
-        raise InvalidRequestError(f"split must be 'train' or 'val', got {split!r}")
-    rng = random.Random(f"real:{split}:{seed}")
-    tasks: list[ArithmeticTask] = []
-    seen: set[str] = set()
-    while len(tasks) < n:
-        task = sample_task(rng, split)
-        if task.question not in seen:
-            seen.add(task.question)
-            tasks.append(task)
-    return tasks
+    """`n` distinct questions of the split, deterministic for a seed (held out as the calc demo's are)."""
+    return draw_tasks(sample_task, split, n, random.Random(f"real:{split}:{seed}"))
 
 
 def train_tasks(n: int = 4000, seed: int = 0) -> list[dict[str, object]]:

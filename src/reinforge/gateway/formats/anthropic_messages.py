@@ -115,10 +115,7 @@ def _reply_message(result: GenerationResult) -> dict[str, Any]:
     """The reply as the chat message it becomes when the agent sends it back."""
     message: dict[str, Any] = {"role": "assistant", "content": result.text}
     if result.tool_calls:
-        message["tool_calls"] = [
-            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-            for c in result.tool_calls
-        ]
+        message["tool_calls"] = [c.as_openai() for c in result.tool_calls]
     return message
 
 

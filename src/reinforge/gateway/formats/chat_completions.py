@@ -5,47 +5,34 @@ The shapes follow OpenAI's API reference so the official SDKs parse them into th
 
 from __future__ import annotations
 
-import time
 from typing import Any, Self
 
-from reinforge.gateway.formats.base import ApiFormat, Event, FormatContext, chat_logprobs, usage
-from reinforge.gateway.openai_bodies import ChatCompletionBody, chat_request, choice_count, parse_body
-from reinforge.gateway.service import new_id
-from reinforge.inference.contract import GenerationResult, ToolCall
-
-
-def tool_call(call: ToolCall) -> dict[str, Any]:
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+from reinforge.gateway.formats.base import Event, FormatContext, chat_logprobs
+from reinforge.gateway.formats.openai_choices import OpenAIChoices
+from reinforge.gateway.openai_bodies import ChatCompletionBody, chat_request, parse_body
+from reinforge.inference.contract import GenerationResult
 
 
 def chat_message(result: GenerationResult) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": result.text or None, "refusal": None}
     if result.tool_calls:
-        message["tool_calls"] = [tool_call(c) for c in result.tool_calls]
+        message["tool_calls"] = [c.as_openai() for c in result.tool_calls]
     elif message["content"] is None:
         message["content"] = ""
     return message
 
 
-class ChatCompletions(ApiFormat):
+class ChatCompletions(OpenAIChoices):
     path = "/chat/completions"
     endpoint = "chat.completions"
-    ends_with_done = True
-
-    def __init__(self, body: ChatCompletionBody, context: FormatContext) -> None:
-        self.request = chat_request(body)
-        self.stream = body.stream
-        self.n = choice_count(body.n, body.stream)
-        self.with_logprobs = bool(body.logprobs)
-        self.with_token_ids = body.return_token_ids
-        self.include_usage = bool((body.stream_options or {}).get("include_usage"))
-        self.context = context
-        self.response_id = "chatcmpl-" + new_id()
-        self.created = int(time.time())
+    answer_object = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+    id_prefix = "chatcmpl-"
 
     @classmethod
     def parse(cls, data: dict[str, Any], context: FormatContext) -> Self:
-        return cls(parse_body(ChatCompletionBody, data), context)
+        body = parse_body(ChatCompletionBody, data)
+        return cls(chat_request(body), body, bool(body.logprobs), context)
 
     def body(self, result: GenerationResult) -> dict[str, Any]:
         choice: dict[str, Any] = {
@@ -56,15 +43,7 @@ class ChatCompletions(ApiFormat):
             else None,
             "finish_reason": result.finish_reason,
         }
-        body: dict[str, Any] = {
-            "id": self.response_id,
-            "object": "chat.completion",
-            "created": self.created,
-            "model": self.context.model,
-            "choices": [choice],
-            "usage": usage(result),
-            "system_fingerprint": f"policy-v{result.policy_version}",
-        }
+        body = self._answer(choice, result)
         if self.with_token_ids:
             body["prompt_token_ids"] = result.prompt_token_ids
             choice["token_ids"] = result.completion_token_ids
@@ -75,7 +54,7 @@ class ChatCompletions(ApiFormat):
     ) -> Event:
         return {
             "id": self.response_id,
-            "object": "chat.completion.chunk",
+            "object": self.chunk_object,
             "created": self.created,
             "model": self.context.model,
             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}],
@@ -96,7 +75,7 @@ class ChatCompletions(ApiFormat):
         if choice["logprobs"] is not None:
             events.append(self._chunk({}, logprobs=choice["logprobs"]))
         if result.tool_calls:
-            deltas = [{"index": i, **tool_call(call)} for i, call in enumerate(result.tool_calls)]
+            deltas = [{"index": i, **call.as_openai()} for i, call in enumerate(result.tool_calls)]
             events.append(self._chunk({"tool_calls": deltas}))
         final = self._chunk({}, result.finish_reason)
         if "token_ids" in choice:
@@ -104,8 +83,5 @@ class ChatCompletions(ApiFormat):
             final["choices"][0]["token_ids"] = result.completion_token_ids
         events.append(final)
         if self.include_usage:
-            usage_chunk = self._chunk({})
-            usage_chunk["choices"] = []
-            usage_chunk["usage"] = response["usage"]
-            events.append(usage_chunk)
+            events.append(self._usage_chunk(response))
         return events, response

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any, Self
 
-from reinforge.gateway.formats.base import ApiFormat, Event, FormatContext, TokenTexts, usage
-from reinforge.gateway.openai_bodies import CompletionBody, choice_count, completion_request, parse_body
-from reinforge.gateway.service import new_id
+from reinforge.gateway.formats.base import Event, FormatContext, TokenTexts
+from reinforge.gateway.formats.openai_choices import OpenAIChoices
+from reinforge.gateway.openai_bodies import CompletionBody, completion_request, parse_body
 from reinforge.inference.contract import GenerationResult
 
 
@@ -20,25 +19,17 @@ def completion_logprobs(ids: list[int], logprobs: list[float], texts: TokenTexts
     return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": offsets}
 
 
-class Completions(ApiFormat):
+class Completions(OpenAIChoices):
     path = "/completions"
     endpoint = "completions"
-    ends_with_done = True
-
-    def __init__(self, body: CompletionBody, context: FormatContext) -> None:
-        self.request = completion_request(body)
-        self.stream = body.stream
-        self.n = choice_count(body.n, body.stream)
-        self.with_logprobs = body.logprobs is not None
-        self.with_token_ids = body.return_token_ids
-        self.include_usage = bool((body.stream_options or {}).get("include_usage"))
-        self.context = context
-        self.response_id = "cmpl-" + new_id()
-        self.created = int(time.time())
+    answer_object = "text_completion"
+    chunk_object = "text_completion"
+    id_prefix = "cmpl-"
 
     @classmethod
     def parse(cls, data: dict[str, Any], context: FormatContext) -> Self:
-        return cls(parse_body(CompletionBody, data), context)
+        body = parse_body(CompletionBody, data)
+        return cls(completion_request(body), body, body.logprobs is not None, context)
 
     def body(self, result: GenerationResult) -> dict[str, Any]:
         choice: dict[str, Any] = {
@@ -52,20 +43,12 @@ class Completions(ApiFormat):
         if self.with_token_ids:
             choice["prompt_token_ids"] = result.prompt_token_ids
             choice["token_ids"] = result.completion_token_ids
-        return {
-            "id": self.response_id,
-            "object": "text_completion",
-            "created": self.created,
-            "model": self.context.model,
-            "choices": [choice],
-            "usage": usage(result),
-            "system_fingerprint": f"policy-v{result.policy_version}",
-        }
+        return self._answer(choice, result)
 
     def _chunk(self, text: str, finish_reason: str | None) -> Event:
         return {
             "id": self.response_id,
-            "object": "text_completion",
+            "object": self.chunk_object,
             "created": self.created,
             "model": self.context.model,
             "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}],
@@ -87,8 +70,5 @@ class Completions(ApiFormat):
             final["choices"][0]["token_ids"] = result.completion_token_ids
         events = [final]
         if self.include_usage:
-            usage_chunk = self._chunk("", None)
-            usage_chunk["choices"] = []
-            usage_chunk["usage"] = response["usage"]
-            events.append(usage_chunk)
+            events.append(self._usage_chunk(response))
         return events, response

@@ -38,7 +38,7 @@ from reinforge.store.dashboard_queries import (
 from reinforge.store.http.auth import tokens_match
 from reinforge.store.http.dashboard_views import LogprobsView, SpanView, logprobs_view, span_view
 from reinforge.store.http.rollout_routes import token_problem
-from reinforge.store.http.wire import ErrorBody
+from reinforge.store.http.wire import error_responses
 from reinforge.store.protocol import Store
 from reinforge.store.run_files import RunFiles, TransitionRecord
 from reinforge.types import (
@@ -118,14 +118,13 @@ class DashboardState:
         self.closing.set()
 
 
-_ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": description}
-    for status, description in [
-        (400, "An invalid filter (reward_min above reward_max), an unknown query parameter"),
-        (404, "Unknown rollout or span"),
-        (422, "Parameters fail validation"),
-    ]
-}
+_ERRORS = error_responses(
+    {
+        400: "An invalid filter (reward_min above reward_max), an unknown query parameter",
+        404: "Unknown rollout or span",
+        422: "Parameters fail validation",
+    }
+)
 
 
 def _json(model: BaseModel) -> Response:

@@ -56,6 +56,7 @@ from reinforge.store.http.wire import (
     PutResourcesRequest,
     RolloutIdsRequest,
     WaitRequest,
+    error_responses,
 )
 from reinforge.store.protocol import Store
 from reinforge.types import (
@@ -88,17 +89,16 @@ PathId = Annotated[str, Path(min_length=1, max_length=128, pattern=NO_NUL)]
 """A rollout or attempt id in a path: bounded, and without NUL (no backend can look one up)."""
 
 
-_ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody, "description": description}
-    for status, description in [
-        (400, "Malformed JSON or an invalid request"),
-        (401, "Missing or wrong bearer token"),
-        (404, "Unknown id"),
-        (409, "Conflicts with the current state (a superseded attempt, a reused resources version)"),
-        (413, "Body larger than the server's limit"),
-        (422, "Body or parameters fail validation"),
-    ]
-}
+_ERROR_RESPONSES = error_responses(
+    {
+        400: "Malformed JSON or an invalid request",
+        401: "Missing or wrong bearer token",
+        404: "Unknown id",
+        409: "Conflicts with the current state (a superseded attempt, a reused resources version)",
+        413: "Body larger than the server's limit",
+        422: "Body or parameters fail validation",
+    }
+)
 
 
 _M = TypeVar("_M", bound=BaseModel)

@@ -83,5 +83,10 @@ class ErrorBody(_Body):
     error: ErrorDetail
 
 
+def error_responses(descriptions: dict[int, str]) -> dict[int | str, dict[str, Any]]:
+    """A router's OpenAPI `responses`: each error status with its description and `ErrorBody`."""
+    return {status: {"model": ErrorBody, "description": text} for status, text in descriptions.items()}
+
+
 class Health(_Body):
     status: str = "ok"

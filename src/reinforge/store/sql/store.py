@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from pydantic_core import PydanticSerializationError, to_json
 from sqlalchemy import (
     ColumnElement,
     Connection,
+    Select,
     and_,
     func,
     select,
@@ -353,24 +354,25 @@ class SqlStore:
     # -- reads ------------------------------------------------------------------------------------
 
     async def get_rollout(self, rollout_id: str) -> Rollout:
-        def tx(conn: Connection, fx: Effects) -> Rollout | _Raise:
-            transactions.expire(conn, self._s, fx, time.time())
-            row = conn.execute(self._s.get_rollout, {"rid": rollout_id}).first()
-            if row is None:
-                return _Raise(NotFoundError(f"rollout {rollout_id!r} not found"))
-            return rollout_from_row(row)
-
-        return await self._write(tx)
+        return await self._get_one(self._s.get_rollout, "rid", rollout_id, rollout_from_row, "rollout")
 
     async def get_attempt(self, attempt_id: str) -> Attempt:
-        def tx(conn: Connection, fx: Effects) -> Attempt | _Raise:
-            transactions.expire(conn, self._s, fx, time.time())
-            row = conn.execute(self._s.get_attempt, {"aid": attempt_id}).first()
-            if row is None:
-                return _Raise(NotFoundError(f"attempt {attempt_id!r} not found"))
-            return attempt_from_row(row)
+        return await self._get_one(self._s.get_attempt, "aid", attempt_id, attempt_from_row, "attempt")
 
-        return await self._write(tx)
+    def _get_one(
+        self, statement: Select[Any], key: str, value: str, from_row: Callable[[Any], R], what: str
+    ) -> Awaitable[R]:
+        """The row `statement` selects by its id parameter `key`, after expiry; NotFoundError naming
+        `what` when there is none. It hands back `_write`'s awaitable: a read adds no coroutine."""
+
+        def tx(conn: Connection, fx: Effects) -> R | _Raise:
+            transactions.expire(conn, self._s, fx, time.time())
+            row = conn.execute(statement, {key: value}).first()
+            if row is None:
+                return _Raise(NotFoundError(f"{what} {value!r} not found"))
+            return from_row(row)
+
+        return self._write(tx)
 
     async def query_rollouts(self, query: RolloutQuery) -> Page[Rollout]:
         where: list[ColumnElement[bool]] = []

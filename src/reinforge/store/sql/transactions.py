@@ -22,7 +22,6 @@ from reinforge.store.sql.schema import rollout_from_row, span_from_row
 from reinforge.store.sql.span_codec import SpanBodyCodec, span_dictionaries
 from reinforge.store.sql.statements import Statements
 from reinforge.types import (
-    Attempt,
     AttemptOutcome,
     LeasedRollout,
     Page,
@@ -31,7 +30,6 @@ from reinforge.types import (
     RolloutStatus,
     Span,
     SpanQuery,
-    new_ordered_id,
 )
 
 
@@ -58,22 +56,6 @@ def _stale(row: Any) -> StaleAttemptError:
     return StaleAttemptError(
         f"attempt {m['attempt_id']!r} (try {m['attempt_no']} of rollout {m['rollout_id']!r}) is "
         f"{m['status']}, no longer the rollout's running attempt; its report was not counted"
-    )
-
-
-def _start_attempt(rollout: Rollout, runner_id: str, now: float, deadline: float) -> Attempt:
-    """Mark a just-leased rollout running (in place) and make its new attempt."""
-    rollout.attempt_count += 1
-    rollout.status = RolloutStatus.running
-    rollout.updated_at = now
-    return Attempt(
-        attempt_id=new_ordered_id(),
-        rollout_id=rollout.rollout_id,
-        attempt_no=rollout.attempt_count,
-        runner_id=runner_id,
-        started_at=now,
-        lease_deadline=deadline,
-        last_heartbeat=now,
     )
 
 
@@ -178,7 +160,7 @@ def lease(
     attempt_rows, rollout_rows = [], []
     for row in rows:
         rollout = rollout_from_row(row)
-        attempt = _start_attempt(rollout, runner_id, now, deadline)
+        attempt = rules.start_attempt(rollout, runner_id, now, deadline)
         attempt_rows.append({**attempt.model_dump(mode="json"), "rollout_seq": row.seq})
         rollout_rows.append(
             {
@@ -212,7 +194,7 @@ def _lease_sqlite(
         attempt_rows, rollout_rows = [], []
         for row in rows:
             seq, rollout = sqlite_ops.rollout_from_values(row)
-            attempt = _start_attempt(rollout, runner_id, now, deadline)
+            attempt = rules.start_attempt(rollout, runner_id, now, deadline)
             aid, number = attempt.attempt_id, attempt.attempt_no
             attempt_rows.append((aid, seq, rollout.rollout_id, number, runner_id, now, deadline, now))
             rollout_rows.append((number, aid, now, seq))
