@@ -454,6 +454,8 @@ class SlotCacheRunner:
         arange = self._arange
         batch_masks = {w: padded_mask(arange, starts, lens, w) for w in windows} if padded else {}
         prompt_masks = {} if padded else {w: per_prompt_masks(arange, starts, lens, w) for w in windows}
+        last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
+        final = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
             self._k[index].view(-1, self.head_dim).index_copy_(0, where, qk[:, h:].reshape(-1, self.head_dim))
@@ -465,9 +467,14 @@ class SlotCacheRunner:
             else:
                 masks = prompt_masks[window]
                 attn = self._attention_per_prompt(index, first_slot, qk[:, :h], starts, lens, masks)
-            x = self._residual(index, layer, x, attn.reshape(len(positions), -1))
-        last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
-        return self._logits(x[last])
+            attn = attn.reshape(len(positions), -1)
+            if index == final:
+                # Only each prompt's last position reaches the LM head, and the last layer's keys and
+                # values are cached above: its output projection and MLP run on those rows alone.
+                x, attn = x[last], attn[last]
+                self._groups = self._row_groups(adapters)
+            x = self._residual(index, layer, x, attn)
+        return self._logits(x)
 
     def _attention_per_prompt(
         self,
