@@ -632,7 +632,14 @@ class SlotCacheRunner:
             window = self.windows[index]
             if cascade:
                 attn = cascade_decode(
-                    qk[:, :h], k_cache, v_cache, shared, span, biases[window], self.arch.attn_scale
+                    qk[:, :h],
+                    k_cache,
+                    v_cache,
+                    shared,
+                    span,
+                    biases[window],
+                    self.arch.attn_scale,
+                    prefix_visible=window is None or window >= span,
                 )
             else:
                 q = qk[:, :h, None]
