@@ -368,10 +368,10 @@ class Engine:
             with self._cond:
                 while not (self._stopping or self._inbox or self._waiting or self._running or self._updates):
                     self._cond.wait()
+                if not (self._stopping or self._running or self._waiting or self._updates):
+                    self._gather_burst()
                 if self._stopping:
                     return
-                if not (self._running or self._waiting or self._updates):
-                    self._gather_burst()
                 self._waiting.extend(self._inbox)
                 self._inbox.clear()
             try:
