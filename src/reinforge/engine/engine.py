@@ -25,6 +25,7 @@ import collections
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,11 @@ from reinforge.errors import InvalidRequestError
 from reinforge.inference.contract import SamplingParams
 
 logger = logging.getLogger(__name__)
+
+_BURST_WAIT_S = 0.01
+"""The longest an idle engine waits for the rest of a burst of requests before its first prefill."""
+_BURST_GAP_S = 0.001
+"""A burst has ended when no request arrived for this long."""
 
 
 @dataclass(frozen=True)
@@ -362,6 +368,8 @@ class Engine:
             with self._cond:
                 while not (self._stopping or self._inbox or self._waiting or self._running or self._updates):
                     self._cond.wait()
+                if not (self._stopping or self._running or self._waiting or self._updates):
+                    self._gather_burst()
                 if self._stopping:
                     return
                 self._waiting.extend(self._inbox)
@@ -380,6 +388,18 @@ class Engine:
                     self._waiting.clear()
                     self._retained.clear()  # a failed forward may have left any slot half written
                 self._deliver([(s, ("error", error)) for s in failed])
+
+    def _gather_burst(self) -> None:
+        """An idle engine woken by a request waits (holding no lock) while more keep arriving, at most
+        `_BURST_WAIT_S`: callers often send many requests at once (an agent's system prompt with many
+        users, a group of rollouts), and admitting the first alone splits them into several prefills
+        and runs a few decode steps for a batch of one (docs/engine.md, "Bursts")."""
+        deadline = time.monotonic() + _BURST_WAIT_S
+        while not self._stopping and time.monotonic() < deadline:
+            seen = len(self._inbox)
+            self._cond.wait(_BURST_GAP_S)
+            if len(self._inbox) == seen:
+                return
 
     def _iteration(self) -> None:
         with self._cond:

@@ -127,6 +127,7 @@ class LogitShaper:
         self.counts: Counter[int] = Counter()
         self.matcher: Any = None
         self._mask: torch.Tensor | None = None
+        self._bias_rows: tuple[tuple[object, ...], torch.Tensor, torch.Tensor] | None = None
         self._vocab = 0
         if sampling.grammar is not None:
             if grammars is None:
@@ -137,16 +138,24 @@ class LogitShaper:
     def shape(self, logits: torch.Tensor) -> None:
         """Edit one row of logits in place before sampling."""
         if self.bias:
-            ids = torch.tensor(list(self.bias), device=logits.device)
-            inside = ids < logits.shape[0]
-            values = torch.tensor(list(self.bias.values()), device=logits.device, dtype=logits.dtype)
-            logits.index_add_(0, ids[inside], values[inside])
+            logits.index_add_(0, *self._bias_for(logits))
         if self.counts and (self.presence or self.frequency):
             ids = torch.tensor(list(self.counts), device=logits.device)
             counts = torch.tensor(list(self.counts.values()), device=logits.device, dtype=logits.dtype)
             logits.index_add_(0, ids, -(self.frequency * counts + self.presence))
         if self.matcher is not None:
             self._apply_grammar(logits)
+
+    def _bias_for(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The bias's token ids inside this vocabulary and their values, built once per sequence (a
+        step shapes every row, and building them per row per step cost more than the step's argmax)."""
+        key = (logits.device, logits.dtype, logits.shape[0])
+        if self._bias_rows is None or self._bias_rows[0] != key:
+            ids = torch.tensor(list(self.bias), device=logits.device)
+            inside = ids < logits.shape[0]
+            values = torch.tensor(list(self.bias.values()), device=logits.device, dtype=logits.dtype)
+            self._bias_rows = (key, ids[inside], values[inside])
+        return self._bias_rows[1], self._bias_rows[2]
 
     def _apply_grammar(self, logits: torch.Tensor) -> None:
         import llguidance.torch as ll_torch

@@ -14,7 +14,8 @@ Capacity grows by doubling along both axes, so memory follows the live batch, bo
 Two runners share one interface:
 - `SlotCacheRunner`: the fast path for the families in `reinforge.engine.architectures` (llama,
   mistral, qwen2, qwen3, gemma3): it runs the model's own weights with fused q/k/v and gate/up
-  projections, one forward per decode step for all active sequences; when the running sequences
+  projections (packed once into oneDNN's layout on CPU, `engine.linear`), one forward per decode step
+  for all active sequences; when the running sequences
   share a prefix, decode attention reads it once for all of them (`attention.cascade_decode`).
   It also serves named LoRA adapters: each row (a decode slot, or a prompt's tokens in a prefill)
   names its adapter, the rows of one adapter are gathered and get that adapter's
@@ -38,6 +39,7 @@ from reinforge.engine.adapters import Adapter
 from reinforge.engine.architectures import Architecture, describe, norm_eps
 from reinforge.engine.attention import additive, cascade_decode, padded_mask, per_prompt_masks, visible
 from reinforge.engine.errors import UnsupportedArchitectureError
+from reinforge.engine.linear import linear, pack_weight
 from reinforge.engine.prefix_reuse import common_prefix
 
 # The cost of one more attention call, in cached positions read: splitting a decode batch into
@@ -134,15 +136,15 @@ class _Layer:
 
     def __init__(self, layer: Any, arch: Architecture, heads: int, kv_heads: int) -> None:
         attn, mlp = layer.self_attn, layer.mlp
-        self.qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
+        self.qkv_w = pack_weight(torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]))
         biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
         self.qkv_b = torch.cat([b.detach() for b in biases]) if all(b is not None for b in biases) else None
-        self.o_w = attn.o_proj.weight.detach()
+        self.o_w = pack_weight(attn.o_proj.weight)
         self.o_b = None if attn.o_proj.bias is None else attn.o_proj.bias.detach()
-        self.gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+        self.gate_up_w = pack_weight(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
         gate_b, up_b = mlp.gate_proj.bias, mlp.up_proj.bias
         self.gate_up_b = None if gate_b is None or up_b is None else torch.cat([gate_b, up_b]).detach()
-        self.down_w = mlp.down_proj.weight.detach()
+        self.down_w = pack_weight(mlp.down_proj.weight)
         self.down_b = None if mlp.down_proj.bias is None else mlp.down_proj.bias.detach()
         offset = arch.norm_offset
         self.ln1_w = _norm_weight(layer.input_layernorm, offset)
@@ -246,7 +248,7 @@ class SlotCacheRunner:
         self.norm_w = _norm_weight(inner.norm, self.arch.norm_offset)
         self.norm_eps = norm_eps(inner.norm)
         head: Any = self.model.lm_head
-        self.head_w = head.weight.detach()
+        self.head_w = pack_weight(head.weight)
         self.head_b = None if head.bias is None else head.bias.detach()
         # The model's own rotary module, so every RoPE variant and its scaling come out exactly as in HF
         # (Gemma 3: one table per layer type, local and global layers rotate with different bases).
@@ -337,8 +339,9 @@ class SlotCacheRunner:
         index: int,
         kind: str,
     ) -> torch.Tensor:
-        """`F.linear(x, weight, bias)` plus each adapter's delta on its own rows."""
-        y = F.linear(x, weight, bias)
+        """`x @ weight.T + bias` (`weight` plain or packed, `engine.linear`) plus each adapter's delta on its
+        own rows."""
+        y = linear(x, weight, bias)
         for layers, rows in self._groups:
             ab: tuple[torch.Tensor, torch.Tensor] | None = getattr(layers[index], kind)
             if ab is None:
@@ -405,7 +408,7 @@ class SlotCacheRunner:
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.norm_w, self.norm_eps)
-        logits = F.linear(hidden, self.head_w, self.head_b)
+        logits = linear(hidden, self.head_w, self.head_b)
         cap = self.arch.final_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
@@ -451,6 +454,8 @@ class SlotCacheRunner:
         arange = self._arange
         batch_masks = {w: padded_mask(arange, starts, lens, w) for w in windows} if padded else {}
         prompt_masks = {} if padded else {w: per_prompt_masks(arange, starts, lens, w) for w in windows}
+        last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
+        final = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
             self._k[index].view(-1, self.head_dim).index_copy_(0, where, qk[:, h:].reshape(-1, self.head_dim))
@@ -462,9 +467,14 @@ class SlotCacheRunner:
             else:
                 masks = prompt_masks[window]
                 attn = self._attention_per_prompt(index, first_slot, qk[:, :h], starts, lens, masks)
-            x = self._residual(index, layer, x, attn.reshape(len(positions), -1))
-        last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
-        return self._logits(x[last])
+            attn = attn.reshape(len(positions), -1)
+            if index == final:
+                # Only each prompt's last position reaches the LM head, and the last layer's keys and
+                # values are cached above: its output projection and MLP run on those rows alone.
+                x, attn = x[last], attn[last]
+                self._groups = self._row_groups(adapters)
+            x = self._residual(index, layer, x, attn)
+        return self._logits(x)
 
     def _attention_per_prompt(
         self,
@@ -622,7 +632,14 @@ class SlotCacheRunner:
             window = self.windows[index]
             if cascade:
                 attn = cascade_decode(
-                    qk[:, :h], k_cache, v_cache, shared, span, biases[window], self.arch.attn_scale
+                    qk[:, :h],
+                    k_cache,
+                    v_cache,
+                    shared,
+                    span,
+                    biases[window],
+                    self.arch.attn_scale,
+                    prefix_visible=window is None or window >= span,
                 )
             else:
                 q = qk[:, :h, None]

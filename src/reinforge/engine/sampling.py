@@ -98,11 +98,17 @@ def sample(
             shaper.shape(logits[i])
     device = logits.device
     greedy = [r.temperature <= 0 for r in rows]
-    processed = sampling_logits(
-        logits,
-        torch.tensor([r.temperature for r in rows], device=device, dtype=logits.dtype),
-        torch.tensor([1.0 if g else r.top_p for r, g in zip(rows, greedy, strict=True)], device=device),
-        torch.tensor([0 if g else r.top_k for r, g in zip(rows, greedy, strict=True)], device=device),
+    # All greedy: the distribution is the logits themselves (dividing by 1 changes no bit), so the
+    # vocabulary-wide pass and copy of `sampling_logits` are skipped.
+    processed = (
+        logits
+        if all(greedy)
+        else sampling_logits(
+            logits,
+            torch.tensor([r.temperature for r in rows], device=device, dtype=logits.dtype),
+            torch.tensor([1.0 if g else r.top_p for r, g in zip(rows, greedy, strict=True)], device=device),
+            torch.tensor([0 if g else r.top_k for r, g in zip(rows, greedy, strict=True)], device=device),
+        )
     )
     logprobs_all = torch.log_softmax(processed, dim=-1)
     chosen = torch.argmax(logits, dim=-1)
