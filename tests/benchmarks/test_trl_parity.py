@@ -66,8 +66,7 @@ def test_the_reinforge_losses_are_the_published_ones_for_each_trl_loss_type(
         "dapo": dapo.sum() / mask.sum(),  # token mean with clip-higher
     }
     for loss_type, value in expected.items():
-        # 1e-7, not 1e-9: reinforge's seq-mean-token-sum scale 1/S is a float32 (loss._batch_scales).
-        assert ours["losses"][loss_type]["loss"] == pytest.approx(float(value), abs=1e-7), loss_type
+        assert ours["losses"][loss_type]["loss"] == pytest.approx(float(value), abs=1e-9), loss_type
     # The fixtures tell the loss types apart, so a wrong mapping would show in the comparison.
     losses = sorted(v["loss"] for v in ours["losses"].values())
     assert min(b - a for a, b in itertools.pairwise(losses)) > 1e-3

@@ -50,7 +50,7 @@ def _batch_scales(mask: torch.Tensor, config: PolicyLossConfig) -> torch.Tensor:
     if config.loss_agg == "token-mean":
         return torch.full_like(tokens, 1.0) / tokens.sum().clamp(min=1)
     if config.loss_agg == "seq-mean-token-sum":
-        return (tokens > 0).float() / sequences
+        return (tokens > 0).to(tokens.dtype) / sequences
     return torch.where(tokens > 0, 1.0 / (sequences * tokens.clamp(min=1)), torch.zeros_like(tokens))
 
 
