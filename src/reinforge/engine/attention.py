@@ -45,9 +45,6 @@ def padded_mask(arange: torch.Tensor, starts: list[int], lens: list[int], window
     return visible(arange[:span], query_pos, window)[:, None]
 
 
-_FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
 def cascade_decode(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -56,16 +53,11 @@ def cascade_decode(
     span: int,
     bias: torch.Tensor,
     scale: float,
-    *,
-    prefix_visible: bool = False,
 ) -> torch.Tensor:
     """One decode step's attention for rows `0..n-1` whose first `shared` cached positions hold the same
     keys and values (read from slot 0 only). `q`: `[n, heads, head_dim]`; `k`, `v`: one layer's cache
     `[slots, kv_heads, capacity, head_dim]`; `bias`: `[n, 1, 1, span]` additive mask (0 or -inf)
-    over positions `0..span-1`; `prefix_visible`: every row sees every shared position (no sliding
-    window hides one). Returns `[n, heads, head_dim]`."""
-    if prefix_visible and q.device.type == "cpu" and _FLASH_CPU is not None:
-        return _cascade_flash(q, k, v, shared, span, bias[..., shared:span], scale)
+    over positions `0..span-1`. Returns `[n, heads, head_dim]`."""
     n, heads, dim = q.shape
     kv = k.shape[1]
     group = heads // kv
@@ -80,37 +72,6 @@ def cascade_decode(
     out = torch.matmul(probs[..., shared:].transpose(0, 1), v[:n, :, shared:span])
     prefix_probs = probs[..., :shared].reshape(kv, n * group, shared)
     out += torch.matmul(prefix_probs, v[0, :, :shared]).view(kv, n, group, dim).transpose(0, 1)
-    return out.reshape(n, heads, dim)
-
-
-def _cascade_flash(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    shared: int,
-    span: int,
-    own_bias: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """`cascade_decode` as two calls of the CPU flash-attention kernel, joined by their log-sum-exps:
-    every row's queries against the shared prefix at once, then each row's queries (a KV head's group
-    as its query positions) against its own positions. The kernel reads keys and values in tiles;
-    the four batched matmuls it replaces ran at a third of the projections' rate (docs/engine.md,
-    "Cascade decode")."""
-    assert _FLASH_CPU is not None
-    n, heads, dim = q.shape
-    kv = k.shape[1]
-    group = heads // kv
-    rows = q.view(n, kv, group, dim)
-    stacked = rows.transpose(0, 1).reshape(1, kv, n * group, dim)
-    prefix_out, prefix_lse = _FLASH_CPU(stacked, k[:1, :, :shared], v[:1, :, :shared], scale=scale)
-    own_out, own_lse = _FLASH_CPU(
-        rows, k[:n, :, shared:span], v[:n, :, shared:span], attn_mask=own_bias.to(q.dtype), scale=scale
-    )
-    prefix_lse = prefix_lse.view(kv, n, group).transpose(0, 1)
-    lse = torch.logaddexp(prefix_lse, own_lse)
-    out = prefix_out.view(kv, n, group, dim).transpose(0, 1) * (prefix_lse - lse).exp_()[..., None]
-    out += own_out * (own_lse - lse).exp_()[..., None]
     return out.reshape(n, heads, dim)
 
 

@@ -632,14 +632,7 @@ class SlotCacheRunner:
             window = self.windows[index]
             if cascade:
                 attn = cascade_decode(
-                    qk[:, :h],
-                    k_cache,
-                    v_cache,
-                    shared,
-                    span,
-                    biases[window],
-                    self.arch.attn_scale,
-                    prefix_visible=window is None or window >= span,
+                    qk[:, :h], k_cache, v_cache, shared, span, biases[window], self.arch.attn_scale
                 )
             else:
                 q = qk[:, :h, None]
