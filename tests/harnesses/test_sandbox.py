@@ -125,3 +125,17 @@ def test_unknown_or_unavailable_sandbox_is_refused() -> None:
         default_sandbox("docker")
     assert default_sandbox("none").name == "none"
     assert default_sandbox("auto").name == "namespaces"
+
+
+async def test_the_memory_limit_stops_a_process_that_allocates_past_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    script = (
+        "python -c 'bytearray(2 * 1024**3)' 2> alloc.txt; echo $? >> alloc.txt; "
+        "printf 'Hello, reinforge!\\n' > hello.txt"
+    )
+    agent = HarnessAgent(
+        ShellHarness(script), attempts_dir=run_dir / "attempts", tasks_root=TASKS_ROOT, memory_mb=1024
+    )
+    assert await agent.rollout({TASK_KEY: "write-file"}, _llm("mem", 9)) == 1.0
+    alloc = (run_dir / "attempts" / "mem" / "work" / "alloc.txt").read_text()
+    assert "MemoryError" in alloc and alloc.split()[-1] == "1"
