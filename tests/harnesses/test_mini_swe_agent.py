@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from reinforge import semconv
+from reinforge.credit import CreditConfig, build_transitions
 from reinforge.harnesses import HarnessAgent, MiniSweAgent, bash_reply, load_task
 from reinforge.harnesses.mini_swe_agent import SUBMIT
 from reinforge.inference.contract import GenerationRequest
@@ -89,6 +90,11 @@ async def test_mini_swe_agent_solves_three_tasks_through_the_gateway(
             ids = call.attributes[semconv.ATTR_COMPLETION_TOKEN_IDS]
             assert ids and call.attributes[semconv.ATTR_PROMPT_TOKEN_IDS]
             assert len(call.attributes[semconv.ATTR_COMPLETION_LOGPROBS]) == len(ids)
+        # mini-swe-agent only appends to its history: every call merges into one sample.
+        transitions, metrics = build_transitions(rollout, spans, CreditConfig(mode="merged"))
+        assert len(transitions) == 1 and transitions[0].num_calls == len(calls)
+        assert (metrics.merged_calls, metrics.merge_mismatches) == (len(calls) - 1, 0)
+        assert transitions[0].final_reward == 1.0
     for result in results.values():
         assert result["sandbox"] == "namespaces" and result["harness_exit_code"] == 0
         assert result["tests"]["source"] == "junit" and result["tests"]["reward"] == 1.0
