@@ -115,11 +115,8 @@ class HarnessAgent(Agent):
         timeout = harbor.agent_timeout_s
         if self.harness_timeout_s is not None:
             timeout = min(timeout, self.harness_timeout_s)
-        memory = (
-            min(m for m in (self.memory_mb, harbor.memory_mb) if m)
-            if (self.memory_mb or harbor.memory_mb)
-            else None
-        )
+        caps = [m for m in (self.memory_mb, harbor.memory_mb) if m]
+        memory = min(caps) if caps else None
         ctx = HarnessContext(
             instruction=harbor.instruction,
             base_url=self.sandbox.inside_url(llm.base_url),
