@@ -185,15 +185,26 @@ def _host_port(url: str) -> tuple[str, int]:
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy one way; at the end, half-close (the other way may still be answering)."""
     try:
         while chunk := await reader.read(65536):
             writer.write(chunk)
             await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()
     except (ConnectionError, OSError):
         pass
+
+
+async def _splice(
+    a: tuple[asyncio.StreamReader, asyncio.StreamWriter], b: tuple[asyncio.StreamReader, asyncio.StreamWriter]
+) -> None:
+    try:
+        await asyncio.gather(_pipe(a[0], b[1]), _pipe(b[0], a[1]))
     finally:
-        with contextlib.suppress(Exception):
-            writer.close()
+        for writer in (a[1], b[1]):
+            with contextlib.suppress(Exception):
+                writer.close()
 
 
 @contextlib.asynccontextmanager
@@ -209,8 +220,7 @@ async def _gateway_relay(gateway_url: str) -> AsyncIterator[Path]:
         except OSError:
             writer.close()
             return
-        both = asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
-        task = asyncio.ensure_future(both)
+        task = asyncio.ensure_future(_splice((reader, writer), (up_reader, up_writer)))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
 
@@ -272,9 +282,13 @@ class NamespaceSandbox:
                 "memory_mb": limits.memory_mb,
                 "cpu_seconds": limits.cpu_seconds,
             }
+            # A file, not an argument: an instruction may be longer than one argument can be.
+            logs.mkdir(parents=True, exist_ok=True)
+            config_path = logs / f"{log_name}.sandbox.json"
+            config_path.write_text(json.dumps(config))
             command = [self.unshare, *_UNSHARE_FLAGS, "--mount-proc", self.python, "-I", str(INIT_SCRIPT)]
             return await _run_group(
-                [*command, json.dumps(config)],
+                [*command, str(config_path)],
                 cwd=Path("/"),
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                 logs=logs,

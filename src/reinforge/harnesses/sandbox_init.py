@@ -2,7 +2,7 @@
 attempt must not see, opens the one road out (to the gateway), applies the limits, then runs the
 harness and reaps everything it leaves behind.
 
-Standard library only, run as a script (`python sandbox_init.py CONFIG_JSON`): importing reinforge
+Standard library only, run as a script (`python sandbox_init.py CONFIG.json`): importing reinforge
 inside every sandbox would cost a second per attempt for nothing.
 
 Why each step:
@@ -50,16 +50,19 @@ def _mount(source: str, target: str, fstype: str | None, flags: int, data: str |
         raise OSError(err, f"mount {source} on {target}: {os.strerror(err)}")
 
 
-def _pipe(a: socket.socket, b: socket.socket) -> None:
+def _pipe(a: socket.socket, b: socket.socket, done: threading.Barrier) -> None:
+    """Copy a to b; at a's end, half-close b (the other way may still be answering), and the last
+    of the pair's two threads closes both sockets."""
     try:
         while chunk := a.recv(65536):
             b.sendall(chunk)
     except OSError:
         pass
-    finally:
-        for s in (a, b):
-            with contextlib.suppress(OSError):
-                s.shutdown(socket.SHUT_RDWR)
+    with contextlib.suppress(OSError):
+        b.shutdown(socket.SHUT_WR)
+    if done.wait() == 0:
+        a.close()
+        b.close()
 
 
 def _relay(listener: socket.socket, socket_name: str) -> None:
@@ -73,8 +76,9 @@ def _relay(listener: socket.socket, socket_name: str) -> None:
             client.close()
             upstream.close()
             continue
+        done = threading.Barrier(2)
         for a, b in ((client, upstream), (upstream, client)):
-            threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
+            threading.Thread(target=_pipe, args=(a, b, done), daemon=True).start()
 
 
 def _loopback_up() -> None:
@@ -114,7 +118,8 @@ def _limits(memory_mb: int | None, cpu_seconds: int | None) -> None:
 
 
 def main() -> int:
-    config = json.loads(sys.argv[1])
+    with open(sys.argv[1]) as f:  # read before the mounts hide it
+        config = json.load(f)
     os.chdir(config["socket_dir"])  # before the tmpfs: the relay connects relative to it
     _hide_and_bind(config["hide"], config["binds"], config.get("read_only", []))
     if config.get("port"):
