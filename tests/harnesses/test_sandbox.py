@@ -55,14 +55,19 @@ async def test_an_attempt_cannot_read_other_attempts_or_the_store_token(tmp_path
     token = run_dir / "store.token"
     token.write_text("store-secret")
     task = {TASK_KEY: "write-file"}
-    first = _agent(run_dir, "printf 'Hello, reinforge!\\n' > hello.txt")
+    first = _agent(
+        run_dir,
+        "printf 'Hello, reinforge!\\n' > hello.txt; "
+        "echo note > /dev/shm/rf-note; echo note > /var/tmp/rf-note",
+    )
     assert await first.rollout(task, _llm("attempt-1", 9)) == 1.0
     other = run_dir / "attempts" / "attempt-1" / "work" / "hello.txt"
     assert other.read_text() == "Hello, reinforge!\n"
     thief = _agent(
         run_dir,
         f"cat {other} > loot.txt; cat {token} >> loot.txt; ls {run_dir} >> loot.txt; "
-        f"cat /proc/1/environ >> loot.txt; printf 'Hello, reinforge!\\n' > hello.txt",
+        "cat /proc/1/environ /dev/shm/rf-note /var/tmp/rf-note >> loot.txt; "
+        "printf 'Hello, reinforge!\\n' > hello.txt",
     )
     # It still does its own task (reward 1) but read nothing that is not its own.
     assert await thief.rollout(task, _llm("attempt-2", 9)) == 1.0
@@ -70,7 +75,8 @@ async def test_an_attempt_cannot_read_other_attempts_or_the_store_token(tmp_path
     loot = (attempt / "work" / "loot.txt").read_text()
     assert "store-secret" not in loot and "Hello" not in loot and "store.token" not in loot
     err = (attempt / "logs" / "harness.err").read_text()
-    assert err.count("No such file or directory") == 2, err
+    assert err.count("No such file or directory") == 4, err
+    assert not Path("/dev/shm/rf-note").exists() and not Path("/var/tmp/rf-note").exists()
 
 
 async def test_the_network_reaches_the_gateway_only(tmp_path: Path) -> None:
