@@ -21,6 +21,7 @@ from reinforge.credit import CreditConfig
 from reinforge.harnesses import HarnessAgent, MiniSweAgent, load_tasks
 from reinforge.models import resolve_model
 from reinforge.training import (
+    EngineSettings,
     OptimSettings,
     RolloutSettings,
     RunnerSettings,
@@ -53,7 +54,7 @@ def main() -> None:
         tasks_root=TASKS,
         hide=[run_dir],  # the store token and the gateway secret live there
         reward_mode=args.reward,
-        timeout_s=300,
+        timeout_s=400,
     )
     tasks = [t.as_task() for t in load_tasks(TASKS) if t.name in args.tasks]
     trainer = Trainer(
@@ -63,7 +64,9 @@ def main() -> None:
         credit=CreditConfig(mode="merged", assignment="equal+air"),
         run_dir=run_dir,
         optim=OptimSettings(learning_rate=1e-6),
-        rollouts=RolloutSettings(tasks_per_step=len(tasks), max_tokens=96),
+        # mini-swe-agent's system prompt and task are ~850 SmolLM2 tokens before the first reply.
+        engine=EngineSettings(max_seq_len=4096),
+        rollouts=RolloutSettings(tasks_per_step=len(tasks), max_tokens=96, timeout_s=600),
         runners=RunnerSettings(concurrency=len(tasks) * args.group_size),
         schedule=ScheduleSettings(max_steps=args.steps),
     )

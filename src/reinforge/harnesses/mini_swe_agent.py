@@ -5,8 +5,8 @@ one ```mswea_bash_command block per reply) and litellm's OpenAI route (`openai/<
 every call is a chat completion to the gateway. What it reads (minisweagent 2.4, from its code):
 `OPENAI_API_KEY` / `OPENAI_BASE_URL` (litellm's OpenAI provider), `MSWEA_CONFIGURED` (skip the
 first-run questions), `MSWEA_GLOBAL_CONFIG_DIR` (its .env and trajectories), `MSWEA_COST_TRACKING`
-(a local model has no price), `MSWEA_SILENT_STARTUP`; litellm's `LITELLM_LOCAL_MODEL_COST_MAP`
-keeps it from fetching its price list from the network at import.
+(a local model has no price), `MSWEA_SILENT_STARTUP`, `MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT`;
+litellm's `LITELLM_LOCAL_MODEL_COST_MAP` keeps it from fetching its price list from the network at import.
 """
 
 from __future__ import annotations
@@ -44,10 +44,13 @@ def find_mini() -> str:
 
 @dataclass(frozen=True)
 class MiniSweAgent:
-    """`step_limit` bounds its model calls; `command_timeout_s` each bash command it runs."""
+    """`step_limit` bounds its model calls; `command_timeout_s` each bash command it runs;
+    `model_attempts` how often it sends a call the gateway refused (its own default is 10, with
+    back-off up to a minute: meant for a remote API, not a local gateway)."""
 
     step_limit: int = 30
     command_timeout_s: int = 60
+    model_attempts: int = 2
     executable: str | None = None
     name: str = "mini-swe-agent"
 
@@ -78,6 +81,7 @@ class MiniSweAgent:
             "MSWEA_GLOBAL_CONFIG_DIR": str(ctx.state_dir / "mini-swe-agent"),
             "MSWEA_COST_TRACKING": "ignore_errors",
             "MSWEA_SILENT_STARTUP": "1",
+            "MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT": str(self.model_attempts),
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             "LITELLM_LOG": "ERROR",
         }
