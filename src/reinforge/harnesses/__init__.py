@@ -1,0 +1,38 @@
+"""Coding harnesses (mini-swe-agent, ...) as trainable agents: Harbor-layout tasks, a sandbox per
+attempt, and the task's tests as the reward (docs/harnesses.md)."""
+
+from reinforge.harnesses.agent import AttemptReport, HarnessAgent
+from reinforge.harnesses.harness import Harness, HarnessContext
+from reinforge.harnesses.mini_swe_agent import MiniSweAgent, bash_reply
+from reinforge.harnesses.sandbox import (
+    Limits,
+    NamespaceSandbox,
+    Sandbox,
+    UnconfinedSandbox,
+    default_sandbox,
+    namespaces_available,
+)
+from reinforge.harnesses.tasks import TASK_KEY, HarborTask, load_task, load_tasks
+from reinforge.harnesses.verifier import RewardMode, TestOutcome, score
+
+__all__ = [
+    "TASK_KEY",
+    "AttemptReport",
+    "HarborTask",
+    "Harness",
+    "HarnessAgent",
+    "HarnessContext",
+    "Limits",
+    "MiniSweAgent",
+    "NamespaceSandbox",
+    "RewardMode",
+    "Sandbox",
+    "TestOutcome",
+    "UnconfinedSandbox",
+    "bash_reply",
+    "default_sandbox",
+    "load_task",
+    "load_tasks",
+    "namespaces_available",
+    "score",
+]

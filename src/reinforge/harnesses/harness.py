@@ -1,0 +1,35 @@
+"""What a harness is to the runner: a command line and an environment, built per attempt.
+
+A harness runs unchanged: only the variables and flags its own documentation offers point it at the
+gateway (its base URL, as reachable inside the sandbox) with the attempt's key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class HarnessContext:
+    """What one attempt's harness command is built from."""
+
+    instruction: str
+    base_url: str
+    """The gateway's OpenAI base URL (`.../v1`) as a process inside the sandbox reaches it."""
+    api_key: str
+    model: str
+    workdir: Path
+    """The attempt's working directory (the task's environment files); the harness starts in it."""
+    state_dir: Path
+    """A writable directory of the attempt's own (the harness's home, config and trajectory)."""
+    timeout_s: float
+
+
+class Harness(Protocol):
+    name: str
+
+    def command(self, ctx: HarnessContext) -> list[str]: ...
+
+    def env(self, ctx: HarnessContext) -> dict[str, str]: ...
