@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit, urlunsplit
 
 from reinforge.errors import InvalidRequestError
+from reinforge.runner.command import kill_group, process_exited
 
 log = logging.getLogger(__name__)
 
@@ -130,15 +131,11 @@ async def _run_group(
         )
     timed_out = False
     try:
-        deadline = asyncio.get_running_loop().time() + timeout_s
-        while proc.poll() is None:
-            if asyncio.get_running_loop().time() >= deadline:
-                timed_out = True
-                break
-            await asyncio.sleep(0.02)
+        await asyncio.wait_for(process_exited(proc), timeout_s)
+    except TimeoutError:
+        timed_out = True
     finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        kill_group(proc.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             proc.kill()
         code = await asyncio.get_running_loop().run_in_executor(None, proc.wait)

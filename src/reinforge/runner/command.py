@@ -103,12 +103,13 @@ class _OutputReader:
         return self.tail.decode(errors="replace")
 
 
-def _kill_group(pgid: int, sig: signal.Signals) -> None:
+def kill_group(pgid: int, sig: signal.Signals) -> None:
+    """Signal a whole process group; one already gone (or not ours) is not an error."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
 
-async def _exited(proc: subprocess.Popen[bytes]) -> None:
+async def process_exited(proc: subprocess.Popen[bytes]) -> None:
     """Return when the process itself has exited, whether or not its children still hold its pipes.
     Uses a pidfd on Linux, else polls; the caller reaps it (`proc.wait()` then returns at once)."""
     try:
@@ -231,10 +232,10 @@ class CommandAgent:
         out, err = _OutputReader(), _OutputReader()
         readers = asyncio.gather(_read_pipe(proc.stdout, out), _read_pipe(proc.stderr, err))
         try:
-            await _exited(proc)
+            await process_exited(proc)
             # Children left behind would keep the pipes open (and the readers with them) and
             # outlive the attempt.
-            _kill_group(proc.pid, signal.SIGKILL)
+            kill_group(proc.pid, signal.SIGKILL)
             exit_code = proc.wait()  # it has exited: this only reaps it
             await readers
         except BaseException:
@@ -258,17 +259,17 @@ class CommandAgent:
     async def _terminate(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.returncode is not None:
             return  # reaped, its group already killed; the pid may belong to someone else by now
-        _kill_group(proc.pid, signal.SIGTERM)
+        kill_group(proc.pid, signal.SIGTERM)
         try:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(_exited(proc), self.kill_grace_s)
+                await asyncio.wait_for(process_exited(proc), self.kill_grace_s)
         finally:
             # Always SIGKILL the group: grandchildren may ignore SIGTERM or outlive their parent.
-            _kill_group(proc.pid, signal.SIGKILL)
+            kill_group(proc.pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
             with contextlib.suppress(Exception):
-                await asyncio.shield(_exited(proc))
+                await asyncio.shield(process_exited(proc))
             proc.poll()  # reaps it (never blocks the loop; an unreaped one is reaped by Popen later)
 
     def __repr__(self) -> str:
