@@ -5,17 +5,18 @@
 For each harness of docs/harnesses.md it runs three shipped Harbor tasks through the real gateway
 and runner (each attempt in its sandbox), a scripted backend answering as a capable model would in
 that harness's own format. A harness counts only when every task's tests pass (reward 1) and the
-gateway answered no call with a 4xx/5xx. Harnesses without support yet (Claude Code, Codex CLI,
-OpenCode) count as not running. Prints
+gateway answered no call with a 4xx/5xx. Harnesses without support yet (Codex CLI, OpenCode) count
+as not running. Prints
 
     RESULT harnesses_ok=<n>/4
     RESULT harness_gateway_ms harness=<name> calls=<k> p50=<ms> p95=<ms> e2e_p50=<ms>
 
-`p50/p95`: the gateway's time per chat call, measured around its ASGI app (request in to the last
+`p50/p95`: the gateway's time per LLM call, measured around its ASGI app (request in to the last
 byte out; the scripted backend answers at once, so this is the gateway's own work: auth, parsing,
-prompt rendering and tokenizing, recording). `e2e_p50`: the same calls as the harness saw them,
-from mini-swe-agent's trajectory (it stamps each reply), which adds the sandbox's relay, litellm and
-the HTTP client.
+prompt rendering and tokenizing, recording). `e2e_p50`: the same calls as the harness saw them:
+for mini-swe-agent from its trajectory (it stamps each reply), which adds the sandbox's relay,
+litellm and the HTTP client; for Claude Code its own API time per call (`duration_api_ms /
+num_turns` of each run's result event), which adds the relay and its SDK.
 """
 
 from __future__ import annotations
@@ -26,14 +27,16 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from reinforge.gateway.app import create_gateway_app
-from reinforge.harnesses import HarnessAgent, MiniSweAgent, bash_reply, load_task, load_tasks
+from reinforge.harnesses import ClaudeCode, HarnessAgent, MiniSweAgent, bash_reply, load_task, load_tasks
+from reinforge.harnesses.harness import Harness
 from reinforge.harnesses.mini_swe_agent import SUBMIT
 from reinforge.inference.contract import GenerationRequest
-from reinforge.inference.scripted import ScriptedBackend
+from reinforge.inference.scripted import Reply, ScriptedBackend, ScriptedReply, ScriptedToolCall
 from reinforge.models import build_tokenizer
 from reinforge.net.background import BackgroundServer
 from reinforge.runner import Runner
@@ -108,15 +111,43 @@ def _e2e_ms(attempts: Path) -> list[float]:
     return out
 
 
-async def _mini_swe_agent(run_dir: Path) -> tuple[bool, list[float], list[float]]:
+def _claude_code_reply(request: GenerationRequest) -> ScriptedReply:
+    """Claude Code's tool_use format: each mini-swe-agent command as a Bash call, then a closing text."""
+    messages = request.messages or []
+    first_user = next(str(m["content"]) for m in messages if m["role"] == "user")
+    task = next(name for name, text in INSTRUCTIONS.items() if text in first_user)
+    step = sum(1 for m in messages if m["role"] == "assistant")
+    commands = SCRIPTS[task][:-1]  # its end is a reply without a tool call, not a submit command
+    if step >= len(commands):
+        return ScriptedReply(text="Done.")
+    call = ScriptedToolCall(name="Bash", arguments={"command": commands[step], "description": "Run it"})
+    return ScriptedReply(text=f"Step {step + 1}.", tool_calls=[call])
+
+
+def _api_ms_per_call(attempts: Path) -> list[float]:
+    """Per run, from Claude Code's result event: its API time divided by its calls."""
+    out = []
+    for path in attempts.glob("*/logs/harness.out"):
+        for line in path.read_text().splitlines():
+            event = json.loads(line) if line.startswith("{") else {}
+            if event.get("type") == "result" and event.get("num_turns"):
+                out.append(event["duration_api_ms"] / event["num_turns"])
+    return out
+
+
+async def _run(
+    harness: Harness, reply: Callable[[GenerationRequest], Reply], route: str, run_dir: Path
+) -> tuple[bool, list[float]]:
+    """Three shipped tasks through the real gateway and runner: whether all passed with no gateway
+    error, and the gateway's time (ms) for each call on `route`."""
     tokenizer = build_tokenizer([p.read_text() for p in TASKS_ROOT.rglob("*") if p.is_file()], vocab_size=400)
     store = MemoryStore()
     app = create_store_app(store, "bench-store-token-" + "s" * 16)
-    gateway = Timed(create_gateway_app(store, ScriptedBackend(tokenizer, _reply), SECRET))
+    gateway = Timed(create_gateway_app(store, ScriptedBackend(tokenizer, reply), SECRET))
     app.mount("/gateway", gateway)
     with BackgroundServer(app) as server:
         agent = HarnessAgent(
-            MiniSweAgent(step_limit=10),
+            harness,
             attempts_dir=run_dir / "attempts",
             tasks_root=TASKS_ROOT,
             hide=[run_dir],
@@ -130,11 +161,24 @@ async def _mini_swe_agent(run_dir: Path) -> tuple[bool, list[float], list[float]
         final = await store.wait_for_rollouts([r.rollout_id for r in rollouts], 60)
     rewards = [r.reward for r in final]
     errors = [s for s in gateway.seen if s[1] >= 400]
-    calls = [s[2] * 1000 for s in gateway.seen if s[0].endswith("/chat/completions")]
+    calls = [s[2] * 1000 for s in gateway.seen if s[0].endswith(route)]
     ok = len(final) == len(specs) and all(r == 1.0 for r in rewards) and not errors
     if not ok:
-        print(f"mini-swe-agent: rewards {rewards}, gateway errors {errors}")
+        print(f"{harness.name}: rewards {rewards}, gateway errors {errors}")
+    return ok, calls
+
+
+async def _mini_swe_agent(run_dir: Path) -> tuple[bool, list[float], list[float]]:
+    ok, calls = await _run(MiniSweAgent(step_limit=10), _reply, "/chat/completions", run_dir)
     return ok, calls, _e2e_ms(run_dir / "attempts")
+
+
+async def _claude_code(run_dir: Path) -> tuple[bool, list[float], list[float]]:
+    ok, calls = await _run(ClaudeCode(max_turns=10), _claude_code_reply, "/v1/messages", run_dir)
+    return ok, calls, _api_ms_per_call(run_dir / "attempts")
+
+
+RUNS = {"mini-swe-agent": _mini_swe_agent, "claude-code": _claude_code}
 
 
 def main() -> None:
@@ -143,11 +187,11 @@ def main() -> None:
     ok = 0
     with tempfile.TemporaryDirectory(prefix="harness-bench-") as tmp:
         for name in HARNESSES:
-            if name != "mini-swe-agent":
+            if name not in RUNS:
                 print(f"{name}: not supported yet (docs/harnesses.md)")
                 continue
             started = time.perf_counter()
-            passed, calls, e2e = asyncio.run(_mini_swe_agent(Path(tmp) / name))
+            passed, calls, e2e = asyncio.run(RUNS[name](Path(tmp) / name))
             ok += passed
             q = statistics.quantiles(calls, n=20) if len(calls) >= 2 else [float("nan")] * 19
             print(

@@ -24,3 +24,5 @@ if ! command -v chromium >/dev/null 2>&1; then
       "(tests/dashboard need it)" >&2
   fi
 fi
+# Claude Code for tests/harnesses (npm; skipped with a message when npm is missing).
+bash scripts/install_claude_code.sh

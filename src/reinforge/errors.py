@@ -54,3 +54,28 @@ class UpstreamError(ReinforgeError):
     """The upstream server failed or answered in a shape we can't read token ids from."""
 
     http_status = 502
+
+
+class PromptTooLongError(InvalidRequestError):
+    """The prompt does not fit the served model's context (a 400). The gateway words it as each API
+    does, so agents' own handling fires: OpenAI's `context_length_exceeded` (litellm's
+    `ContextWindowExceededError`), Anthropic's "prompt is too long: N tokens > M maximum"."""
+
+    code = "context_length_exceeded"
+    param = "messages"
+
+    def __init__(self, prompt_tokens: int, limit: int) -> None:
+        super().__init__(
+            f"This model's maximum context length is {limit} tokens. However, your messages resulted "
+            f"in {prompt_tokens} tokens. Please reduce the length of the messages."
+        )
+        self.prompt_tokens = prompt_tokens
+        self.limit = limit
+
+    def __reduce__(self) -> tuple[type[PromptTooLongError], tuple[int, int]]:
+        # Crosses the engine's process boundary by pickle.
+        return (type(self), (self.prompt_tokens, self.limit))
+
+    @property
+    def anthropic_message(self) -> str:
+        return f"prompt is too long: {self.prompt_tokens} tokens > {self.limit} maximum"

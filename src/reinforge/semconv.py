@@ -15,6 +15,8 @@ SPAN_REWARD = "reinforge.reward"
 """A reward emitted during the run (emit_reward or a POST to the reward URL)."""
 SPAN_FINAL_REWARD = "reinforge.final_reward"
 """The attempt's final reward (the agent's return value, or the last REINFORGE_REWARD line)."""
+SPAN_TOOL_RESULT = "reinforge.tool_result"
+"""A tool result the agent sent back to the gateway marked as failed (Anthropic's `is_error`)."""
 
 # What kind of step a span is: "llm", "tool", "reward", "custom"
 ATTR_STEP_KIND = "reinforge.step.kind"
@@ -64,6 +66,7 @@ ATTR_REWARD_NAME = "reinforge.reward.name"
 
 # Tools and system signals (Automatic Intermediate Rewards)
 ATTR_TOOL_NAME = "reinforge.tool.name"
+ATTR_TOOL_CALL_ID = "reinforge.tool.call_id"
 ATTR_AIR_SIGNAL = "reinforge.air.signal"
 """A system signal on a span: one of AIR_* below."""
 AIR_TOOL_ERROR = "tool_error"

@@ -191,6 +191,16 @@ async def test_a_tool_loop_with_an_error_result(
     spans = await check_recorded(calc, attempt_id, replies)
     sent = spans[1].attributes[semconv.ATTR_LLM_REQUEST]["messages"][2]["content"][0]
     assert sent["is_error"] is True  # recorded as sent
+    # The failed result is an AIR tool_error once (the third request repeats it), charged to the call
+    # that made the tool call: recorded after it, before the call the result came with.
+    page = await calc.store.query_spans(SpanQuery(attempt_id=attempt_id, name=semconv.SPAN_TOOL_RESULT))
+    [failure] = page.items
+    assert failure.attributes[semconv.ATTR_AIR_SIGNAL] == semconv.AIR_TOOL_ERROR
+    assert (failure.attributes[semconv.ATTR_TOOL_NAME], failure.attributes[semconv.ATTR_TOOL_CALL_ID]) == (
+        "calculator",
+        call.id,
+    )
+    assert spans[0].start_time <= failure.start_time <= spans[1].start_time
     eos = tokenizer.eos_token_id
     assert spans[2].attributes[semconv.ATTR_COMPLETION_TOKEN_IDS] == [*tokenizer.encode("6*7 = 42."), eos]
 
@@ -425,6 +435,12 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         ),
         ({**BASE, "thinking": {"type": "enabled", "budget_tokens": 1024}}, "thinking.type", "'enabled'"),
         (
+            {**BASE, "context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}},
+            "context_management.edits.0.type",
+            "'clear_tool_uses_20250919'",
+        ),
+        ({**BASE, "output_config": {"format": {"type": "json_schema"}}}, "output_config.format", "unknown field"),
+        (
             {**BASE, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "x": 1}]}]},
             "messages.0.content.0.x",
             "unknown field",
@@ -471,6 +487,37 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         ),
     ],
 )
+async def test_claude_codes_request_is_accepted(served: Served) -> None:
+    """The fields and headers Claude Code 2.1 sends on every call (tests/harnesses runs the CLI itself):
+    its warm-up HEAD on the base URL, `?beta=true`, beta headers, adaptive thinking, clear_thinking,
+    effort, metadata, cache_control on system and message blocks."""
+    attempt_id = (await running_attempt(served.store)).attempt.attempt_id
+    assert httpx.head(f"{served.url}/r/{attempt_id}", timeout=10).status_code == 200
+    cached = {"cache_control": {"type": "ephemeral"}}
+    body = {
+        **BASE,
+        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1"}, {"type": "text", "text": "You are Claude Code.", **cached}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", **cached}]}],
+        "metadata": {"user_id": '{"device_id":"d","session_id":"s"}'},
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+        "stream": True,
+    }
+    headers = {
+        "x-api-key": attempt_token(SECRET, attempt_id),
+        "anthropic-version": "2023-06-01",
+        "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27",
+    }
+    url = f"{served.url}/r/{attempt_id}/v1/messages?beta=true"
+    response = httpx.post(url, json=body, headers=headers, timeout=10)
+    assert response.status_code == 200, response.text
+    events = [line.split(": ", 1)[1] for line in response.text.splitlines() if line.startswith("event: ")]
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    [request] = served.backend.requests
+    assert (request.messages or [])[0]["content"].endswith("You are Claude Code.")
+
+
 async def test_bad_bodies_are_400s_naming_the_field(
     served: Served, body: dict[str, Any], param: str, fragment: str
 ) -> None:

@@ -299,5 +299,6 @@ async def test_the_engine_serves_the_converted_model_and_refuses_a_prompt_past_i
         out = await engine.generate(list(prompt), SamplingParams(temperature=0.0, max_tokens=16))
         assert "Paris" in out.text
         assert (out.finish_reason, out.token_ids[-1]) == ("stop", 2)  # stops at <|im_end|>
-        with pytest.raises(InvalidRequestError, match="the prompt has 70 tokens; the engine's context is 64"):
+        too_long = "maximum context length is 64 tokens. However, your messages resulted in 70 tokens"
+        with pytest.raises(InvalidRequestError, match=too_long):
             await engine.generate(list(range(3, 73)), SamplingParams(max_tokens=4))

@@ -43,7 +43,7 @@ from reinforge.engine.prefix_reuse import RetainedCache, RetainedCaches, plan_pr
 from reinforge.engine.sampling import RowParams, sample
 from reinforge.engine.sequence import EngineFinishReason, EngineSequence
 from reinforge.engine.weights import WeightsSource, apply_state_dict, check_state_dict, read_state_dict
-from reinforge.errors import InvalidRequestError
+from reinforge.errors import InvalidRequestError, PromptTooLongError
 from reinforge.inference.contract import SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -322,9 +322,7 @@ class Engine:
             )
         room = self.max_seq_len - len(prompt)
         if room < 1:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt)} tokens; the engine's context is {self.max_seq_len} tokens"
-            )
+            raise PromptTooLongError(len(prompt), self.max_seq_len)
         generator = None
         if sampling.seed is not None:
             generator = torch.Generator().manual_seed(sampling.seed)

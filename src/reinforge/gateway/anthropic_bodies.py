@@ -101,6 +101,8 @@ class Tool(_Strict):
     input_schema: dict[str, Any]
     cache_control: dict[str, Any] | None = None
     strict: bool | None = None
+    eager_input_streaming: bool | None = None
+    """Fine-grained tool streaming: how the input is streamed, not what is generated."""
 
 
 class ToolChoice(_Strict):
@@ -143,8 +145,30 @@ class Thread(_Strict):
 
 
 class Thinking(_Strict):
-    type: Literal["disabled"]
-    """Extended thinking is not supported; `{"type": "disabled"}` is accepted."""
+    type: Literal["disabled", "adaptive"]
+    """Extended thinking is not served. `disabled` says so; `adaptive` (Claude Code's default) lets the
+    model decide whether to think, and a reply without thinking is one it may give. `enabled` (thinking
+    required, with a budget) is refused."""
+
+
+class ContextEdit(_Strict):
+    type: Literal["clear_thinking_20251015"]
+    """Only clearing thinking blocks: the gateway never produces or accepts one, so there is nothing
+    to clear. Edits that drop tool results would rewrite the history the backend sees: refused."""
+    keep: str | dict[str, Any] | None = None
+
+
+class ContextManagement(_Strict):
+    """The context-management beta (Claude Code sends `clear_thinking` on every call)."""
+
+    edits: list[ContextEdit] = Field(default_factory=list)
+
+
+class OutputConfig(_Strict):
+    """The effort beta: a hint the served policy has no setting for; recorded. `format` (structured
+    output) is refused."""
+
+    effort: str | None = None
 
 
 def _kept_by_the_thread(name: str) -> dict[str, Any]:
@@ -173,7 +197,9 @@ class MessagesBody(_Strict):
     stream: bool = False
     thread: Thread | None = None
     thinking: Thinking | None = None
+    context_management: ContextManagement | None = None
     # Accepted, recorded, and without effect on generation.
+    output_config: OutputConfig | None = None
     metadata: dict[str, Any] | None = None
     service_tier: str | None = None
     inference_geo: str | None = None

@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from reinforge.errors import ReinforgeError
+from reinforge.errors import PromptTooLongError, ReinforgeError
 
 _TYPES = {
     400: "invalid_request_error",
@@ -100,7 +100,15 @@ def anthropic_error_response(status: int, message: str, code: str | None = None)
     return Response(body, status_code=status, media_type="application/json")
 
 
+def anthropic_fields(exc: ReinforgeError) -> tuple[int, str, str | None]:
+    """Status, message and error code of `exc` as the Messages API words it: a prompt too long for
+    the context is Anthropic's own "prompt is too long: N tokens > M maximum" (Claude Code reads the
+    two numbers from it), with no error code, as the API sends it."""
+    if isinstance(exc, PromptTooLongError):
+        return exc.http_status, exc.anthropic_message, None
+    return exc.http_status, str(exc) or type(exc).__name__, getattr(exc, "code", None)
+
+
 def anthropic_response_for(exc: ReinforgeError) -> Response:
     """Any reinforge error with its HTTP status and an Anthropic-shaped body."""
-    message = str(exc) or type(exc).__name__
-    return anthropic_error_response(exc.http_status, message, getattr(exc, "code", None))
+    return anthropic_error_response(*anthropic_fields(exc))

@@ -126,6 +126,13 @@ def _operation(method: str, path: str) -> dict[str, Any]:
         if path.endswith("/v1" + suffix):
             return _call_operation(path, suffix)
     params = _path_parameters(path)
+    if method == "HEAD":
+        return {
+            "summary": "A base URL: a connection warm-up (Claude Code sends one at start-up)",
+            "parameters": params,
+            "security": [],
+            "responses": {"200": {"description": "Up (no body)"}},
+        }
     head, v1, suffix = path.rpartition("/v1")
     if method == "POST" and v1 and suffix not in ("/traces", "") and head in _PREFIXES:
         return _call_operation(path, suffix)  # a format added without a body model here

@@ -19,11 +19,12 @@ from starlette.types import Receive, Scope, Send
 
 from reinforge._headers import bearer_token
 from reinforge.access import attempt_of_token
-from reinforge.errors import ReinforgeError
+from reinforge.errors import PromptTooLongError, ReinforgeError
 from reinforge.finish_wire import FinishItem, FinishManyBody
 from reinforge.gateway.errors import (
     GatewayHTTPError,
     anthropic_error_body,
+    anthropic_fields,
     anthropic_error_response,
     anthropic_response_for,
     error_body,
@@ -157,13 +158,16 @@ def error_for(request: RouteRequest, exc: Exception) -> Response:
 def _stream_error(exc: BaseException, anthropic: bool = False) -> bytes:
     code = None
     if isinstance(exc, ReinforgeError):
-        status, message, code = exc.http_status, str(exc), getattr(exc, "code", None)
+        if anthropic:
+            status, message, code = anthropic_fields(exc)
+        else:
+            status, message, code = exc.http_status, str(exc), getattr(exc, "code", None)
     else:
         log.exception("gateway error while streaming", exc_info=exc)
         status, message = 500, f"internal gateway error: {type(exc).__name__}: {exc}"
     if anthropic:  # Anthropic's stream error is an `error` event
         return b"event: error\ndata: " + anthropic_error_body(status, message, code) + b"\n\n"
-    return b"data: " + error_body(status, message) + b"\n\n"
+    return b"data: " + error_body(status, message, code=code) + b"\n\n"
 
 
 def _frame(event: Event, named: bool) -> bytes:
@@ -227,6 +231,9 @@ class GatewayRoutes:
         for prefix in AGENT_PREFIXES:  # the calls first: matching tries routes in order
             routes += [Route("POST", prefix + fmt.path, self.serve_format(fmt)) for fmt in API_FORMATS]
             routes.append(Route("GET", prefix + "/models", self.models))
+        # The base URLs themselves (`.../v1` stripped): Claude Code sends a HEAD there at start-up to
+        # open its connection early, and ignores the answer; a 200 keeps the gateway's log clean.
+        routes += [Route("HEAD", prefix.removesuffix("/v1") or "/", self.warm_up) for prefix in AGENT_PREFIXES]
         routes += [
             Route("POST", TRACES_PATH, self.otlp.receive),  # OpenTelemetry traces (OTLP/HTTP)
             Route("POST", "/r/{attempt_id}/reward", self.reward),
@@ -239,6 +246,10 @@ class GatewayRoutes:
         table = RouteTable(routes, max_body_bytes=max_body_bytes, on_error=error_for)
         self._openapi = dumps(document_for(table))
         return table
+
+    async def warm_up(self, request: RouteRequest) -> Response:
+        """A HEAD on a base URL: 200, no body, no key needed (it reveals nothing)."""
+        return Response(status_code=200)
 
     async def openapi(self, request: RouteRequest) -> Response:
         """The gateway's OpenAPI document (see `gateway.openapi`)."""
@@ -272,14 +283,20 @@ class GatewayRoutes:
                 raise GatewayHTTPError(400, "the request body must be a JSON object")
             call = fmt.parse(data, FormatContext(g.backend.model_name, self.texts, caller.state.extra))
             gen, history = g.prepare(caller, call.request)
+            await g.record_tool_failures(caller, call.failed_tool_calls)
             await g.wait_for_policy(caller, gen)
             if call.stream:
                 return EventStream(self._stream(caller, call, gen, history, data))
             started, t0 = time.time(), time.perf_counter()
-            if call.n == 1:
-                results = [await g.generate(gen)]
-            else:
-                results = list(await asyncio.gather(*(g.generate(sample_of(gen, i)) for i in range(call.n))))
+            try:
+                if call.n == 1:
+                    results = [await g.generate(gen)]
+                else:
+                    samples = (g.generate(sample_of(gen, i)) for i in range(call.n))
+                    results = list(await asyncio.gather(*samples))
+            except PromptTooLongError as exc:
+                await g.record_too_long(caller, endpoint=call.endpoint, request_body=data, started=started, error=exc)
+                raise
             latency_ms = (time.perf_counter() - t0) * 1000
             bodies = [call.body(result) for result in results]
             for result, body in zip(results, bodies, strict=True):
@@ -326,6 +343,8 @@ class GatewayRoutes:
                 yield _SSE_DONE
         except Exception as exc:
             ended = True
+            if isinstance(exc, PromptTooLongError):
+                await g.record_too_long(caller, endpoint=call.endpoint, request_body=data, started=started, error=exc)
             yield _stream_error(exc, isinstance(call, AnthropicMessages))
         finally:
             await items.aclose()  # leaves the pause gate even when the client went away mid-stream

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, TypedDict
 
 from reinforge import semconv
-from reinforge.errors import UpstreamError
+from reinforge.errors import PromptTooLongError, UpstreamError
 from reinforge.gateway.attempts import AttemptGuard, AttemptState
 from reinforge.gateway.errors import GatewayHTTPError
 from reinforge.gateway.finishing import AttemptFinisher
@@ -67,6 +67,9 @@ def parse_traceparent(header: str | None) -> tuple[str, str] | None:
         return None
     return trace_id, parent
 
+
+_FAILED_TOOLS_KEY = "air.failed_tool_calls"
+"""Attempt memory: the tool call ids already recorded as failed (`Gateway.record_tool_failures`)."""
 
 DEFAULT_MAX_CALLS_PER_ATTEMPT = 10_000
 """LLM calls plus reward reports one attempt may make: far above what an agent's episode needs, low
@@ -415,6 +418,70 @@ class Gateway:
         )
         self.cancelled_calls += 1
         return span
+
+    async def record_tool_failures(self, caller: Caller, tool_call_ids: Sequence[str]) -> None:
+        """A tool span with error status (an AIR `tool_error`) for each tool call of this attempt's
+        own whose result the agent reports as failed, once: every later request repeats the result.
+        Recorded before the call it arrives with, so credit charges it to the call that made the
+        tool call (the latest one before it)."""
+        if not tool_call_ids:
+            return
+        seen = caller.state.extra.setdefault(_FAILED_TOOLS_KEY, set())
+        assert isinstance(seen, set)
+        for call_id in tool_call_ids:
+            turn = caller.state.turns.by_call_id.get(call_id)
+            if turn is None or call_id in seen:
+                continue
+            seen.add(call_id)
+            name = next(c.name for c in turn.tool_calls if c.id == call_id)
+            attributes: dict[str, Any] = {
+                semconv.ATTR_STEP_KIND: semconv.STEP_TOOL,
+                semconv.ATTR_TOOL_NAME: name,
+                semconv.ATTR_TOOL_CALL_ID: call_id,
+                semconv.ATTR_AIR_SIGNAL: semconv.AIR_TOOL_ERROR,
+                semconv.ATTR_SEQUENCE_IN_ATTEMPT: caller.state.take_sequence(),
+            }
+            if caller.agent is not None:
+                attributes[semconv.ATTR_AGENT_NAME] = caller.agent
+            status = SpanStatus(
+                code=SpanStatusCode.error, message=f"the agent reported the result of {name} as an error"
+            )
+            await self._record(
+                caller, semconv.SPAN_TOOL_RESULT, SpanKind.internal, attributes, time.time(), status=status
+            )
+
+    async def record_too_long(
+        self,
+        caller: Caller,
+        *,
+        endpoint: str,
+        request_body: dict[str, Any],
+        started: float,
+        error: PromptTooLongError,
+    ) -> Span:
+        """Record a call refused because its prompt outgrew the served model's context: the request
+        and an error status naming both lengths, without token ids (credit counts it as a call it
+        can't train on)."""
+        attributes: dict[str, Any] = {
+            semconv.ATTR_STEP_KIND: semconv.STEP_LLM,
+            semconv.ATTR_LLM_ENDPOINT: endpoint,
+            semconv.ATTR_LLM_REQUEST: request_body,
+            semconv.ATTR_MODEL: self.backend.model_name,
+            semconv.ATTR_FINISH_REASON: PromptTooLongError.code,
+            semconv.ATTR_SEQUENCE_IN_ATTEMPT: caller.state.take_sequence(),
+        }
+        if caller.agent is not None:
+            attributes[semconv.ATTR_AGENT_NAME] = caller.agent
+        status = SpanStatus(
+            code=SpanStatusCode.error,
+            message=(
+                f"{PromptTooLongError.code}: the prompt has {error.prompt_tokens} tokens, the served "
+                f"model's context {error.limit}; the call was refused"
+            ),
+        )
+        return await self._record(
+            caller, semconv.SPAN_LLM_CALL, SpanKind.client, attributes, started, status=status
+        )
 
     async def record_reward(self, caller: Caller, value: float, final: bool, name: str | None) -> Span:
         """Record a reward the agent reported; a final one is remembered for the attempt's finish,

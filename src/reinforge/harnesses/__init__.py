@@ -1,7 +1,8 @@
-"""Coding harnesses (mini-swe-agent, ...) as trainable agents: Harbor-layout tasks, a sandbox per
+"""Coding harnesses (mini-swe-agent, Claude Code, ...) as trainable agents: Harbor-layout tasks, a sandbox per
 attempt, and the task's tests as the reward (docs/harnesses.md)."""
 
 from reinforge.harnesses.agent import AttemptReport, HarnessAgent
+from reinforge.harnesses.claude_code import ClaudeCode
 from reinforge.harnesses.harness import Harness, HarnessContext
 from reinforge.harnesses.mini_swe_agent import MiniSweAgent, bash_reply
 from reinforge.harnesses.sandbox import (
@@ -18,6 +19,7 @@ from reinforge.harnesses.verifier import RewardMode, TestOutcome, score
 __all__ = [
     "TASK_KEY",
     "AttemptReport",
+    "ClaudeCode",
     "HarborTask",
     "Harness",
     "HarnessAgent",

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from reinforge.errors import InvalidRequestError
+from reinforge.errors import InvalidRequestError, PromptTooLongError
 from reinforge.inference.chat_render import ChatRenderer
 from reinforge.inference.contract import (
     FinishReason,
@@ -66,6 +66,7 @@ class ScriptedBackend:
     to simulate a weight update; `delay_s` holds each generation that long (for pause/drain tests).
     `compact_json` writes tool calls without spaces, as reinforge's chat template renders them: traces
     recorded for a warm start then teach the model the very tokens its own history will show.
+    `max_seq_len` refuses a prompt that leaves no room to generate, as the engine does.
     """
 
     def __init__(
@@ -77,6 +78,7 @@ class ScriptedBackend:
         policy_version: int = 0,
         delay_s: float = 0.0,
         compact_json: bool = False,
+        max_seq_len: int | None = None,
     ) -> None:
         if not callable(replies) and not replies:
             raise InvalidRequestError("ScriptedBackend needs at least one reply")
@@ -84,6 +86,7 @@ class ScriptedBackend:
         self.model_name = model_name
         self.policy_version = policy_version
         self.delay_s = delay_s
+        self.max_seq_len = max_seq_len
         self._replies = replies
         self._separators = (",", ":") if compact_json else (", ", ": ")
         self._next = 0
@@ -138,8 +141,10 @@ class ScriptedBackend:
     def _build(self, request: GenerationRequest) -> tuple[GenerationResult, list[int]]:
         """The result, and the ids of its plain-text part (what a stream shows as deltas)."""
         self.requests.append(request)
-        reply = self._reply(request)
         prompt_ids = self.prompt_ids(request)
+        if self.max_seq_len is not None and len(prompt_ids) >= self.max_seq_len:
+            raise PromptTooLongError(len(prompt_ids), self.max_seq_len)
+        reply = self._reply(request)
         text = reply.text
         stop_hit = False
         for stop in request.sampling.stop:

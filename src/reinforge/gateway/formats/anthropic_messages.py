@@ -18,7 +18,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, Self
 
-from reinforge.gateway.anthropic_bodies import MessagesBody, messages_request, parse_messages_body
+from reinforge.gateway.anthropic_bodies import (
+    MessagesBody,
+    ToolResultBlock,
+    messages_request,
+    parse_messages_body,
+)
 from reinforge.gateway.errors import GatewayHTTPError
 from reinforge.gateway.formats.base import ApiFormat, Event, FormatContext
 from reinforge.gateway.service import new_id
@@ -161,6 +166,12 @@ class AnthropicMessages(ApiFormat):
             held = self._threads.get(thread.previous_message_id)
             self.request = messages_request(body, list(held.messages), held.tools)
             self._continues = thread.previous_message_id
+        self.failed_tool_calls = tuple(
+            block.tool_use_id
+            for message in body.messages
+            for block in message.content
+            if isinstance(block, ToolResultBlock) and block.is_error
+        )
         self._text_open = False
         self._blocks = 0
 

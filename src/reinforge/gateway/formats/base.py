@@ -57,6 +57,9 @@ class ApiFormat(ABC):
     stream: bool
     n: int = 1
     """Samples asked for; formats with `choices` accept n>1 (served without streaming)."""
+    failed_tool_calls: tuple[str, ...] = ()
+    """Ids of the tool calls whose results this request reports as failed (a format with an error
+    flag on tool results: Anthropic's `is_error`); the gateway turns each new one into an AIR signal."""
 
     @classmethod
     @abstractmethod
