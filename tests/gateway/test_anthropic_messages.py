@@ -404,6 +404,40 @@ BASE = {"model": "policy", "max_tokens": 32, "messages": [{"role": "user", "cont
 IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
 
 
+async def test_claude_codes_request_is_accepted(served: Served) -> None:
+    """The fields and headers Claude Code 2.1 sends on every call (tests/harnesses runs the CLI itself):
+    its warm-up HEAD on the base URL, `?beta=true`, beta headers, adaptive thinking, clear_thinking,
+    effort, metadata, cache_control on system and message blocks."""
+    attempt_id = (await running_attempt(served.store)).attempt.attempt_id
+    assert httpx.head(f"{served.url}/r/{attempt_id}", timeout=10).status_code == 200
+    cached = {"cache_control": {"type": "ephemeral"}}
+    body = {
+        **BASE,
+        "system": [
+            {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1"},
+            {"type": "text", "text": "You are Claude Code.", **cached},
+        ],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", **cached}]}],
+        "metadata": {"user_id": '{"device_id":"d","session_id":"s"}'},
+        "thinking": {"type": "adaptive"},
+        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
+        "output_config": {"effort": "high"},
+        "stream": True,
+    }
+    headers = {
+        "x-api-key": attempt_token(SECRET, attempt_id),
+        "anthropic-version": "2023-06-01",
+        "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,effort-2025-11-24",
+    }
+    url = f"{served.url}/r/{attempt_id}/v1/messages?beta=true"
+    response = httpx.post(url, json=body, headers=headers, timeout=10)
+    assert response.status_code == 200, response.text
+    events = [line.split(": ", 1)[1] for line in response.text.splitlines() if line.startswith("event: ")]
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    [request] = served.backend.requests
+    assert (request.messages or [])[0]["content"].endswith("You are Claude Code.")
+
+
 @pytest.mark.parametrize(
     ("body", "param", "fragment"),
     [
@@ -439,7 +473,11 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
             "context_management.edits.0.type",
             "'clear_tool_uses_20250919'",
         ),
-        ({**BASE, "output_config": {"format": {"type": "json_schema"}}}, "output_config.format", "unknown field"),
+        (
+            {**BASE, "output_config": {"format": {"type": "json_schema"}}},
+            "output_config.format",
+            "unknown field",
+        ),
         (
             {**BASE, "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "x": 1}]}]},
             "messages.0.content.0.x",
@@ -487,37 +525,6 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
         ),
     ],
 )
-async def test_claude_codes_request_is_accepted(served: Served) -> None:
-    """The fields and headers Claude Code 2.1 sends on every call (tests/harnesses runs the CLI itself):
-    its warm-up HEAD on the base URL, `?beta=true`, beta headers, adaptive thinking, clear_thinking,
-    effort, metadata, cache_control on system and message blocks."""
-    attempt_id = (await running_attempt(served.store)).attempt.attempt_id
-    assert httpx.head(f"{served.url}/r/{attempt_id}", timeout=10).status_code == 200
-    cached = {"cache_control": {"type": "ephemeral"}}
-    body = {
-        **BASE,
-        "system": [{"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1"}, {"type": "text", "text": "You are Claude Code.", **cached}],
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", **cached}]}],
-        "metadata": {"user_id": '{"device_id":"d","session_id":"s"}'},
-        "thinking": {"type": "adaptive"},
-        "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
-        "output_config": {"effort": "high"},
-        "stream": True,
-    }
-    headers = {
-        "x-api-key": attempt_token(SECRET, attempt_id),
-        "anthropic-version": "2023-06-01",
-        "anthropic-beta": "claude-code-20250219,interleaved-thinking-2025-05-14,context-management-2025-06-27",
-    }
-    url = f"{served.url}/r/{attempt_id}/v1/messages?beta=true"
-    response = httpx.post(url, json=body, headers=headers, timeout=10)
-    assert response.status_code == 200, response.text
-    events = [line.split(": ", 1)[1] for line in response.text.splitlines() if line.startswith("event: ")]
-    assert events[0] == "message_start" and events[-1] == "message_stop"
-    [request] = served.backend.requests
-    assert (request.messages or [])[0]["content"].endswith("You are Claude Code.")
-
-
 async def test_bad_bodies_are_400s_naming_the_field(
     served: Served, body: dict[str, Any], param: str, fragment: str
 ) -> None:

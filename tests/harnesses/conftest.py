@@ -55,9 +55,9 @@ class GatewayStack:
         return self.server.url + "/gateway"
 
 
-def serve(tokenizer: Any, replies: Any) -> Iterator[GatewayStack]:
+def serve(tokenizer: Any, replies: Any, **backend_options: Any) -> Iterator[GatewayStack]:
     store = MemoryStore()
-    backend = ScriptedBackend(tokenizer, replies)
+    backend = ScriptedBackend(tokenizer, replies, **backend_options)
     app = create_store_app(store, STORE_TOKEN)
     statuses = StatusRecorder(create_gateway_app(store, backend, GATEWAY_SECRET))
     app.mount("/gateway", statuses)

@@ -53,7 +53,9 @@ def _script(task: str, cwd: str, run_dir: str) -> list[ScriptedReply]:
             _call("Bash", command="python -m pytest -q -p no:cacheprovider test_calc.py", description="Run"),
             _call("Read", file_path=f"{cwd}/calc.py"),
             _call("Edit", file_path=f"{cwd}/calc.py", old_string="return a - b", new_string="return a + b"),
-            _call("Bash", command="python -m pytest -q -p no:cacheprovider test_calc.py", description="Rerun"),
+            _call(
+                "Bash", command="python -m pytest -q -p no:cacheprovider test_calc.py", description="Rerun"
+            ),
             "Fixed add() in calc.py; the test passes.",
         ],
         "add-cli-flag": [
@@ -178,6 +180,30 @@ async def test_claude_code_solves_three_tasks_through_the_gateway(
     assert not errors, errors
     posts = [s for s in gateway.statuses.seen if s[0] == "POST" and s[1].endswith("/v1/messages")]
     assert len(posts) == sum(STEPS.values())
-    assert [s for s in gateway.statuses.seen if s[0] == "HEAD"] == [
-        ("HEAD", s[1], 200) for s in gateway.statuses.seen if s[0] == "HEAD"
-    ]
+    assert any(s[0] == "HEAD" for s in gateway.statuses.seen)  # its warm-up, answered 200
+
+
+async def test_a_context_too_short_ends_the_run_with_the_apis_error(
+    harness_tokenizer: Any, model: ClaudeCodeModel, tmp_path: Path
+) -> None:
+    """The served model's context cannot hold Claude Code's prompt: its first call gets Anthropic's
+    "prompt is too long: N tokens > M maximum" (mid-stream, as it streams), it stops with that, the
+    span says so, and the attempt is still scored (0: nothing was written)."""
+    run_dir = tmp_path / "run"
+    for gateway in serve(harness_tokenizer, model, max_seq_len=2048):
+        [rollout] = await gateway.store.enqueue_rollouts([RolloutSpec(task={"harbor_task": "write-file"})])
+        runner = Runner(gateway.store, _agent(run_dir), gateway.gateway_url, GATEWAY_SECRET)
+        await runner.run(max_rollouts=1)
+        [final] = await gateway.store.wait_for_rollouts([rollout.rollout_id], 30)
+        assert final.reward == 0.0
+        spans = (await gateway.store.query_spans(SpanQuery(rollout_id=rollout.rollout_id))).items
+        refused = [s for s in spans if s.name == semconv.SPAN_LLM_CALL]
+        assert refused and gateway.backend.requests
+        for span in refused:
+            assert span.status.code == SpanStatusCode.error
+            assert span.attributes[semconv.ATTR_FINISH_REASON] == "context_length_exceeded"
+            assert "2048" in (span.status.message or "")
+        [out] = list((run_dir / "attempts").glob("*/logs/harness.out"))
+        result = [json.loads(line) for line in out.read_text().splitlines() if '"type":"result"' in line]
+        assert result and result[-1]["is_error"] is True
+        assert "Prompt is too long" in result[-1]["result"], result[-1]

@@ -126,13 +126,6 @@ def _operation(method: str, path: str) -> dict[str, Any]:
         if path.endswith("/v1" + suffix):
             return _call_operation(path, suffix)
     params = _path_parameters(path)
-    if method == "HEAD":
-        return {
-            "summary": "A base URL: a connection warm-up (Claude Code sends one at start-up)",
-            "parameters": params,
-            "security": [],
-            "responses": {"200": {"description": "Up (no body)"}},
-        }
     head, v1, suffix = path.rpartition("/v1")
     if method == "POST" and v1 and suffix not in ("/traces", "") and head in _PREFIXES:
         return _call_operation(path, suffix)  # a format added without a body model here
@@ -229,8 +222,8 @@ def document_for(table: RouteTable) -> dict[str, Any]:
     _, defs = models_json_schema([(m, "validation") for m in models], ref_template=_REF)
     paths: dict[str, dict[str, Any]] = {}
     for route in table.routes:
-        if route.path == OPENAPI_PATH:
-            continue
+        if route.path == OPENAPI_PATH or route.method == "HEAD":
+            continue  # the document itself, and the base URLs' connection warm-up (no operation)
         paths.setdefault(route.path, {})[route.method.lower()] = _operation(route.method, route.path)
     return {
         "openapi": "3.1.0",

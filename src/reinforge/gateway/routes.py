@@ -24,8 +24,8 @@ from reinforge.finish_wire import FinishItem, FinishManyBody
 from reinforge.gateway.errors import (
     GatewayHTTPError,
     anthropic_error_body,
-    anthropic_fields,
     anthropic_error_response,
+    anthropic_fields,
     anthropic_response_for,
     error_body,
     error_object,
@@ -233,7 +233,9 @@ class GatewayRoutes:
             routes.append(Route("GET", prefix + "/models", self.models))
         # The base URLs themselves (`.../v1` stripped): Claude Code sends a HEAD there at start-up to
         # open its connection early, and ignores the answer; a 200 keeps the gateway's log clean.
-        routes += [Route("HEAD", prefix.removesuffix("/v1") or "/", self.warm_up) for prefix in AGENT_PREFIXES]
+        routes += [
+            Route("HEAD", prefix.removesuffix("/v1") or "/", self.warm_up) for prefix in AGENT_PREFIXES
+        ]
         routes += [
             Route("POST", TRACES_PATH, self.otlp.receive),  # OpenTelemetry traces (OTLP/HTTP)
             Route("POST", "/r/{attempt_id}/reward", self.reward),
@@ -295,7 +297,9 @@ class GatewayRoutes:
                     samples = (g.generate(sample_of(gen, i)) for i in range(call.n))
                     results = list(await asyncio.gather(*samples))
             except PromptTooLongError as exc:
-                await g.record_too_long(caller, endpoint=call.endpoint, request_body=data, started=started, error=exc)
+                await g.record_too_long(
+                    caller, endpoint=call.endpoint, request_body=data, started=started, error=exc
+                )
                 raise
             latency_ms = (time.perf_counter() - t0) * 1000
             bodies = [call.body(result) for result in results]
@@ -344,7 +348,9 @@ class GatewayRoutes:
         except Exception as exc:
             ended = True
             if isinstance(exc, PromptTooLongError):
-                await g.record_too_long(caller, endpoint=call.endpoint, request_body=data, started=started, error=exc)
+                await g.record_too_long(
+                    caller, endpoint=call.endpoint, request_body=data, started=started, error=exc
+                )
             yield _stream_error(exc, isinstance(call, AnthropicMessages))
         finally:
             await items.aclose()  # leaves the pause gate even when the client went away mid-stream
