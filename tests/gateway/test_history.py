@@ -203,6 +203,32 @@ def test_memory_restores_only_what_means_the_same() -> None:
     assert memory.restore(changed).unmatched == 1
 
 
+def test_a_call_sent_back_with_schema_defaults_added_is_the_same_call() -> None:
+    """Claude Code sends its Edit calls back with `"replace_all": false` (its schema's default) added."""
+    memory = TurnMemory()
+    call = ToolCall(id="toolu_1", name="Edit", arguments='{"file_path": "/w/a.py", "old_string": "a"}')
+    memory.remember(_result("", [call]))
+    schema = {"type": "object", "properties": {"replace_all": {"type": "boolean", "default": False}}}
+    tools = [{"type": "function", "function": {"name": "Edit", "parameters": schema}}]
+
+    def sent(arguments: str) -> list[dict[str, Any]]:
+        function = {"name": "Edit", "arguments": arguments}
+        return [{"role": "assistant", "content": "", "tool_calls": [{"id": "toolu_1", "function": function}]}]
+
+    echoed = sent('{"replace_all": false, "file_path": "/w/a.py", "old_string": "a"}')
+    restored = memory.restore(echoed, tools)
+    assert (restored.matched, restored.unmatched) == (1, 0)
+    assert restored.messages[0]["tool_calls"][0]["function"]["arguments"] == call.arguments
+    assert memory.restore(echoed).unmatched == 1  # without the schema, an added key is a change
+    assert (
+        memory.restore(
+            sent('{"replace_all": true, "file_path": "/w/a.py", "old_string": "a"}'), tools
+        ).unmatched
+        == 1
+    )
+    assert memory.restore(sent('{"file_path": "/w/a.py", "old_string": "a", "x": 1}'), tools).unmatched == 1
+
+
 def test_the_same_tool_renders_the_same_whoever_sends_it() -> None:
     """The calculator as LangChain, the Agents SDK and the Anthropic SDK spell it (recorded)."""
     langchain = {

@@ -158,7 +158,8 @@ async def test_claude_code_solves_three_tasks_through_the_gateway(
             body = call.attributes[semconv.ATTR_LLM_REQUEST]
             assert body["stream"] is True and body["thinking"] == {"type": "adaptive"}
             assert {"Bash", "Read", "Edit", "Write"} <= {t["name"] for t in body["tools"]}
-        # Its history only grows (compaction is off): every call merges into one sample.
+        # Its history only grows (compaction is off) and an Edit sent back with its schema's default
+        # `replace_all: false` added is still the call the model made: every call merges into one sample.
         transitions, metrics = build_transitions(rollout, spans, CreditConfig(mode="merged"))
         assert len(transitions) == 1 and transitions[0].num_calls == len(calls), metrics
         assert metrics.merge_mismatches == 0 and transitions[0].final_reward == 1.0

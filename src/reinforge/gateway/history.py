@@ -13,7 +13,9 @@ the ids to keep the prompt on the model's own tokens (`GenerationRequest.generat
 
 A turn is restored only when what came back means the same (the same tool names and JSON-equal
 arguments, or the same text up to surrounding whitespace); anything else renders as sent and is
-counted, so an agent that edits its history is never overruled silently.
+counted, so an agent that edits its history is never overruled silently. Arguments that differ only
+by keys the tool's schema declares with their default value (Claude Code sends its Edit calls back
+with `"replace_all": false` added) mean the same: the call the model wrote is what it did.
 """
 
 from __future__ import annotations
@@ -68,6 +70,38 @@ def _json_equal(a: str, b: Any) -> bool:
         return False
 
 
+def _with_defaults(made: str, sent: Any, defaults: dict[str, Any]) -> bool:
+    """Whether `sent` is `made` with some keys added at the tool's declared default values."""
+    try:
+        generated = json.loads(made)
+        echoed = json.loads(sent) if isinstance(sent, str) else sent
+    except (TypeError, ValueError):
+        return False
+    if not isinstance(generated, dict) or not isinstance(echoed, dict):
+        return False
+    added = echoed.keys() - generated.keys()
+    return (
+        generated.keys() <= echoed.keys()
+        and all(echoed[k] == v for k, v in generated.items())
+        and all(k in defaults and echoed[k] == defaults[k] for k in added)
+    )
+
+
+def schema_defaults(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Tool name -> the default value of each top-level argument its schema gives one."""
+    out: dict[str, dict[str, Any]] = {}
+    for tool in tools or []:
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            continue
+        properties = (function.get("parameters") or {}).get("properties")
+        if isinstance(properties, dict):
+            found = {k: v["default"] for k, v in properties.items() if isinstance(v, dict) and "default" in v}
+            if found:
+                out[function["name"]] = found
+    return out
+
+
 def _text(content: Any) -> str | None:
     if content is None:
         return ""
@@ -106,7 +140,7 @@ class TurnMemory:
         else:
             self.by_text.setdefault(turn.text.strip(), turn)
 
-    def _find(self, message: dict[str, Any]) -> Turn | None:
+    def _find(self, message: dict[str, Any], defaults: dict[str, dict[str, Any]]) -> Turn | None:
         calls = message.get("tool_calls") or []
         text = _text(message.get("content"))
         if text is None:
@@ -121,15 +155,22 @@ class TurnMemory:
             fn = sent.get("function") or {}
             if sent.get("id") != made.id or fn.get("name") != made.name:
                 return None
-            if fn.get("arguments") != made.arguments and not _json_equal(made.arguments, fn.get("arguments")):
+            sent_arguments = fn.get("arguments")
+            if (
+                sent_arguments != made.arguments
+                and not _json_equal(made.arguments, sent_arguments)
+                and not _with_defaults(made.arguments, sent_arguments, defaults.get(made.name, {}))
+            ):
                 return None
         return turn
 
-    def restore(self, messages: list[dict[str, Any]]) -> Restored:
-        """`messages` with each assistant turn of this attempt's own in its generated spelling."""
+    def restore(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> Restored:
+        """`messages` with each assistant turn of this attempt's own in its generated spelling
+        (`tools`: the request's function tools, whose schema defaults an echoed call may add)."""
         if not self.turns:
             assistant = sum(1 for m in messages if m.get("role") == "assistant")
             return Restored(messages, unmatched=assistant)
+        defaults = schema_defaults(tools)
         out: list[dict[str, Any]] = []
         token_ids: dict[int, list[int]] = {}
         matched = respelled = unmatched = 0
@@ -137,7 +178,7 @@ class TurnMemory:
             if message.get("role") != "assistant":
                 out.append(message)
                 continue
-            turn = self._find(message)
+            turn = self._find(message, defaults)
             if turn is None:
                 unmatched += 1
                 out.append(message)

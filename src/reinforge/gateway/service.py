@@ -312,7 +312,7 @@ class Gateway:
             update["adapter"] = caller.agent
         restored = None
         if request.messages is not None:
-            restored = caller.state.turns.restore(request.messages)
+            restored = caller.state.turns.restore(request.messages, request.tools)
             if restored.messages is not request.messages:
                 update["messages"] = restored.messages
             if restored.token_ids:

@@ -119,6 +119,8 @@ class HarnessAgent(Agent):
             timeout = min(timeout, self.harness_timeout_s)
         caps = [m for m in (self.memory_mb, harbor.memory_mb) if m]
         memory = min(caps) if caps else None
+        if memory is not None and self.harness.address_space_mb:
+            memory = max(memory, self.harness.address_space_mb)
         ctx = HarnessContext(
             instruction=harbor.instruction,
             base_url=self.sandbox.inside_url(llm.base_url),

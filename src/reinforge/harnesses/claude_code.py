@@ -57,8 +57,13 @@ class ClaudeCode:
     tools: tuple[str, ...] = DEFAULT_TOOLS
     max_output_tokens: int = 4096
     api_retries: int = 1
+    heap_mb: int = 2048
+    """Node's heap limit (`--max-old-space-size`): what bounds its memory, as the address space can't."""
     executable: str | None = None
     name: str = "claude-code"
+    address_space_mb: int | None = 16384
+    """Node reserves about 10 GB of address space for each WebAssembly memory (its HTTP client's
+    parser is one): below this its connections fail ("Unable to connect to API")."""
 
     def command(self, ctx: HarnessContext) -> list[str]:
         return [
@@ -87,4 +92,5 @@ class ClaudeCode:
             "DISABLE_AUTOUPDATER": "1",
             "DISABLE_AUTO_COMPACT": "1",
             "DISABLE_COMPACT": "1",
+            "NODE_OPTIONS": f"--max-old-space-size={self.heap_mb}",
         }

@@ -53,6 +53,7 @@ class MiniSweAgent:
     model_attempts: int = 2
     executable: str | None = None
     name: str = "mini-swe-agent"
+    address_space_mb: int | None = None
 
     def command(self, ctx: HarnessContext) -> list[str]:
         return [
