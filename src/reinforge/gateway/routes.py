@@ -156,7 +156,7 @@ def error_for(request: RouteRequest, exc: Exception) -> Response:
 
 
 def _stream_error(exc: BaseException, anthropic: bool = False) -> bytes:
-    code = None
+    code: str | None = None
     if isinstance(exc, ReinforgeError):
         if anthropic:
             status, message, code = anthropic_fields(exc)
