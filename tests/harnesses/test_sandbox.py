@@ -27,6 +27,7 @@ class ShellHarness:
 
     script: str
     name: str = "shell"
+    address_space_mb: int | None = None
 
     def command(self, ctx: HarnessContext) -> list[str]:
         return ["sh", "-c", self.script]

@@ -119,8 +119,10 @@ class HarnessAgent(Agent):
             timeout = min(timeout, self.harness_timeout_s)
         caps = [m for m in (self.memory_mb, harbor.memory_mb) if m]
         memory = min(caps) if caps else None
-        if memory is not None and self.harness.address_space_mb:
-            memory = max(memory, self.harness.address_space_mb)
+        # A harness written before `address_space_mb` joined the protocol has none: it needs no floor.
+        floor = getattr(self.harness, "address_space_mb", None)
+        if memory is not None and floor:
+            memory = max(memory, floor)
         ctx = HarnessContext(
             instruction=harbor.instruction,
             base_url=self.sandbox.inside_url(llm.base_url),
