@@ -10,7 +10,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from reinforge.engine import Engine, EngineDelta, EngineError, EngineOutput, EngineStoppedError
-from reinforge.errors import InvalidRequestError
+from reinforge.errors import InvalidRequestError, PromptTooLongError
 from reinforge.inference.contract import SamplingParams
 
 from .conftest import prompts
@@ -160,8 +160,9 @@ async def test_cpu_bad_requests_are_rejected_with_clear_errors(
         await engine.generate([], GREEDY)
     with pytest.raises(InvalidRequestError, match="outside the vocabulary"):
         await engine.generate([1, 10**6], GREEDY)
-    with pytest.raises(InvalidRequestError, match="context is 32"):
+    with pytest.raises(PromptTooLongError, match="maximum context length is 32 tokens") as too_long:
         await engine.generate([1] * 40, GREEDY)
+    assert (too_long.value.prompt_tokens, too_long.value.limit) == (40, 32)
     with pytest.raises(InvalidRequestError, match="max_num_tokens"):
         Engine(llama, tokenizer, max_seq_len=64, max_num_tokens=10)
     # The engine still serves after rejecting.
