@@ -7,7 +7,8 @@ key order, `tool_result` → a tool message) and nothing below the gateway learn
 
 Why strict, as for the OpenAI bodies: a field the gateway can't honour (images, documents, thinking,
 server tools, structured output) is a 400 naming it, never silently dropped. Fields that change nothing
-about generation (metadata, service_tier, cache_control) are accepted and only recorded.
+about generation (metadata, service_tier, cache_control, output_config.effort, adaptive thinking,
+clear_thinking context edits: what Claude Code sends on every call) are accepted and only recorded.
 """
 
 from __future__ import annotations
