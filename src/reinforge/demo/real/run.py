@@ -5,7 +5,7 @@ held-out success before and after.
 The same path as the tiny demo (`reinforge.demo.run`) with a model the user brings: the packaged
 model is converted once into the models cache (`reinforge models`), the gateway writes the tools
 into the prompt in its default form (SmolLM2's template renders none), and the engine serves a bf16
-copy while the update trains LoRA adapters under bf16 autocast.
+copy while the update trains LoRA adapters under bf16 autocast (float32 on a CPU without native bf16).
 """
 
 from __future__ import annotations
@@ -37,7 +37,15 @@ from reinforge.training.config import (
     ScheduleSettings,
     TrainerConfig,
 )
+from reinforge.training.device import native_bfloat16
 from reinforge.training.trainer import Trainer
+
+
+def default_compute() -> ComputeSettings:
+    """bfloat16 where this CPU runs it natively (AMX or AVX512-BF16), float32 elsewhere: without them
+    torch emulates bf16 matrix products and an update step takes several times longer (docs/demo.md)."""
+    native = native_bfloat16(torch.device("cpu"))
+    return ComputeSettings(device="cpu", dtype="bfloat16" if native else "float32")
 
 
 class RealDemoSettings(BaseModel):
@@ -67,7 +75,7 @@ class RealDemoSettings(BaseModel):
     checkpoint_every: int = Field(default=0, ge=0)
     runner_processes: int = Field(default=1, ge=0)
     threads: int = Field(default=2, ge=1)
-    compute: ComputeSettings = ComputeSettings(device="cpu", dtype="bfloat16")
+    compute: ComputeSettings = Field(default_factory=lambda: default_compute())
     """Where the update and the engine run (benchmarks/gpu/train_real_demo_gpu.py puts both on CUDA)."""
     seed: int = 0
     progress: bool = True
