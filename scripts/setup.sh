@@ -26,3 +26,5 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 # Claude Code for tests/harnesses (npm; skipped with a message when npm is missing).
 bash scripts/install_claude_code.sh
+# Codex CLI and OpenCode for tests/harnesses (npm; skipped with a message when npm is missing).
+bash scripts/install_codex_opencode.sh
