@@ -177,8 +177,16 @@ RESPONSES_ITEM = {
 RESPONSES_INPUT = {"anyOf": [{"type": "string"}, {"type": "array", "minItems": 1, "items": RESPONSES_ITEM}]}
 RESPONSES_TOOLS = {
     "type": "array",
-    "items": _object(["type", "name"], type={"const": "function"}, name={"type": "string"}),
+    "items": _object(["type", "name"], type={"enum": ["function", "custom"]}, name={"type": "string"}),
 }
+RESPONSES_REASONING = nullable(
+    _object(
+        [],
+        effort={"enum": ["none", None]},
+        summary={"enum": ["auto", "concise", "detailed", "none", None]},
+    )
+    | {"additionalProperties": False}
+)
 RESPONSES_TOOL_CHOICE = {
     "anyOf": [
         _CHOICE_WORDS,
@@ -189,6 +197,7 @@ RESPONSES_TOOL_CHOICE = {
 RESPONSES_TEXT = nullable(
     _object(
         [],
+        verbosity={"enum": ["low", "medium", "high", None]},
         format=nullable(
             {
                 "anyOf": [

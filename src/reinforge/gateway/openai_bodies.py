@@ -9,6 +9,7 @@ field, honoured or refused, is in docs/gateway.md.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -65,7 +66,6 @@ _WHY_REFUSED: dict[str, str] = {
     "conversation": "not supported",
     "prompt": "not supported",
     "background": "background responses are not supported",
-    "reasoning": "reasoning options are not supported",
     "modalities": "only text output is supported",
     "audio": "not supported by the reinforge gateway",
     "prediction": "not supported by the reinforge gateway",
@@ -163,8 +163,9 @@ class ResponsesBody(_Body):
     tool_choice: Annotated[Any, WithJsonSchema(schemas.RESPONSES_TOOL_CHOICE)] = None
     parallel_tool_calls: bool | None = None
     previous_response_id: Literal[""] | None = None
-    reasoning: dict[str, None] | None = None
+    reasoning: Annotated[dict[str, Any] | None, WithJsonSchema(schemas.RESPONSES_REASONING)] = None
     text: Annotated[dict[str, Any] | None, WithJsonSchema(schemas.RESPONSES_TEXT)] = None
+    client_metadata: dict[str, Any] | None = None
     include: list[str] | None = None
     top_logprobs: OnlyZero | None = None
     truncation: Literal["disabled", "auto"] | None = None
@@ -406,20 +407,56 @@ def completion_request(body: CompletionBody) -> GenerationRequest:
     )
 
 
+CUSTOM_INPUT = "input"
+"""A custom (freeform) tool's one argument: the model writes its free text as `{"input": "..."}` and
+the gateway answers a `custom_tool_call` whose `input` is that text."""
+
+
+def _custom_parameters(tool: dict[str, Any]) -> dict[str, Any]:
+    """A custom tool as a function of one string, its grammar (if any) named in the description."""
+    text: dict[str, Any] = {"type": "string"}
+    fmt = tool.get("format")
+    if isinstance(fmt, dict) and isinstance(fmt.get("definition"), str):
+        text["description"] = f"Free text in this {fmt.get('syntax', '')} grammar:\n{fmt['definition']}"
+    return {"type": "object", "properties": {CUSTOM_INPUT: text}, "required": [CUSTOM_INPUT]}
+
+
 def _responses_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
     if not tools:
         return None
     out = []
     for i, tool in enumerate(tools):
-        if (
-            not isinstance(tool, dict)
-            or tool.get("type") != "function"
-            or not isinstance(tool.get("name"), str)
-        ):
-            raise _reject(f"tools.{i}", "only function tools are supported")
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind not in ("function", "custom") or not isinstance(tool.get("name"), str):
+            raise _reject(f"tools.{i}", "only function and custom tools are supported")
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        if kind == "custom":
+            fn["parameters"] = _custom_parameters(tool)
         out.append({"type": "function", "function": fn})
     return out
+
+
+def custom_tool_names(tools: Any) -> frozenset[str]:
+    """The names of a request's custom (freeform) tools: their calls are answered as `custom_tool_call`."""
+    if not isinstance(tools, list):
+        return frozenset()
+    return frozenset(t["name"] for t in tools if isinstance(t, dict) and t.get("type") == "custom")
+
+
+def _check_reasoning(reasoning: dict[str, Any] | None) -> None:
+    """`summary` is accepted (nothing is reasoned apart from the reply, so there is none to summarise);
+    an `effort` other than none would ask for a reasoning budget the backend does not have."""
+    if not reasoning:
+        return
+    for key, value in reasoning.items():
+        if key == "summary":
+            if value not in (None, "auto", "concise", "detailed", "none"):
+                raise _reject("reasoning.summary", "must be 'auto', 'concise', 'detailed' or 'none'")
+        elif key == "effort":
+            if value not in (None, "none"):
+                raise _reject("reasoning.effort", "reasoning effort is not supported (only 'none')")
+        else:
+            raise _reject(f"reasoning.{key}", "not supported")
 
 
 def _responses_tool_choice(choice: Any) -> Any:
@@ -459,7 +496,21 @@ def _responses_messages(body: ResponsesBody) -> list[dict[str, Any]]:
                 last.setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind == "custom_tool_call":
+            _check_strings(item, f"input.{i}", required=("name", "input"), optional=("call_id",))
+            call = {
+                "id": item.get("call_id") or item.get("id"),
+                "type": "function",
+                "function": {"name": item["name"], "arguments": json.dumps({CUSTOM_INPUT: item["input"]})},
+            }
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)
+            else:
+                messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        elif kind == "reasoning":
+            continue  # the gateway answers no reasoning items: one sent back is not the model's text
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             _check_strings(item, f"input.{i}", required=(), optional=("call_id",))
             output = item.get("output")
             text = output if isinstance(output, str) else text_of(output, f"input.{i}.output")
@@ -479,8 +530,9 @@ def _check_strings(
 
 
 def responses_request(body: ResponsesBody) -> GenerationRequest:
-    # previous_response_id, conversation, prompt, background, top_logprobs and reasoning options
-    # were refused by the body's own types.
+    # previous_response_id, conversation, prompt, background and top_logprobs were refused by the
+    # body's own types.
+    _check_reasoning(body.reasoning)
     return GenerationRequest(
         messages=_responses_messages(body),
         tools=_responses_tools(body.tools),

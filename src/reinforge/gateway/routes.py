@@ -155,8 +155,9 @@ def error_for(request: RouteRequest, exc: Exception) -> Response:
     return error_response(500, message)
 
 
-def _stream_error(exc: BaseException, anthropic: bool = False) -> bytes:
+def _stream_error(exc: BaseException, call: ApiFormat) -> bytes:
     code: str | None = None
+    anthropic = isinstance(call, AnthropicMessages)
     if isinstance(exc, ReinforgeError):
         if anthropic:
             status, message, code = anthropic_fields(exc)
@@ -165,6 +166,9 @@ def _stream_error(exc: BaseException, anthropic: bool = False) -> bytes:
     else:
         log.exception("gateway error while streaming", exc_info=exc)
         status, message = 500, f"internal gateway error: {type(exc).__name__}: {exc}"
+    own = call.stream_failed(status, message, code)
+    if own is not None:  # the format's terminal event (Responses: `response.failed`)
+        return b"".join(_frame(event, call.named_events) for event in own)
     if anthropic:  # Anthropic's stream error is an `error` event
         return b"event: error\ndata: " + anthropic_error_body(status, message, code) + b"\n\n"
     return b"data: " + error_body(status, message, code=code) + b"\n\n"
@@ -351,7 +355,7 @@ class GatewayRoutes:
                 await g.record_too_long(
                     caller, endpoint=call.endpoint, request_body=data, started=started, error=exc
                 )
-            yield _stream_error(exc, isinstance(call, AnthropicMessages))
+            yield _stream_error(exc, call)
         finally:
             await items.aclose()  # leaves the pause gate even when the client went away mid-stream
             if not ended:

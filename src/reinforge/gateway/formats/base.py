@@ -87,6 +87,11 @@ class ApiFormat(ABC):
         """Events after the call is recorded."""
         return []
 
+    def stream_failed(self, status: int, message: str, code: str | None) -> list[Event] | None:
+        """The format's own terminal event for a stream that failed, or None for the generic error
+        event (`data: {"error": ...}`)."""
+        return None
+
 
 def merge_choices(bodies: list[dict[str, Any]]) -> dict[str, Any]:
     """One answer with n choices from n single-choice answers (each was recorded as its own call)."""

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Self
 
 from reinforge.gateway.formats.base import ApiFormat, Event, FormatContext, chat_logprobs
-from reinforge.gateway.openai_bodies import ResponsesBody, parse_body, responses_request
+from reinforge.gateway.openai_bodies import (
+    CUSTOM_INPUT,
+    ResponsesBody,
+    custom_tool_names,
+    parse_body,
+    responses_request,
+)
 from reinforge.gateway.service import new_id
 from reinforge.inference.contract import GenerationResult, ToolCall
 
@@ -22,7 +29,19 @@ def message_item(
     return {"id": item_id, "type": "message", "status": status, "role": "assistant", "content": content}
 
 
-def function_item(item_id: str, call: ToolCall, status: str = "completed") -> dict[str, Any]:
+def function_item(
+    item_id: str, call: ToolCall, status: str = "completed", custom: bool = False
+) -> dict[str, Any]:
+    """A `function_call` item, or a `custom_tool_call` whose `input` is the call's free text."""
+    if custom:
+        return {
+            "id": item_id,
+            "type": "custom_tool_call",
+            "status": status,
+            "call_id": call.id,
+            "name": call.name,
+            "input": custom_input(call) if status == "completed" else "",
+        }
     return {
         "id": item_id,
         "type": "function_call",
@@ -31,6 +50,17 @@ def function_item(item_id: str, call: ToolCall, status: str = "completed") -> di
         "name": call.name,
         "arguments": call.arguments if status == "completed" else "",
     }
+
+
+def custom_input(call: ToolCall) -> str:
+    """A custom tool call's free text: the `input` the model wrote (its whole arguments if not JSON)."""
+    try:
+        parsed = json.loads(call.arguments)
+    except ValueError:
+        return call.arguments
+    if isinstance(parsed, dict) and isinstance(parsed.get(CUSTOM_INPUT), str):
+        return str(parsed[CUSTOM_INPUT])
+    return call.arguments
 
 
 class Responses(ApiFormat):
@@ -45,6 +75,7 @@ class Responses(ApiFormat):
         """The request as sent: a response echoes several of its fields."""
         self.with_logprobs = "message.output_text.logprobs" in (data.get("include") or [])
         self.context = context
+        self.custom_tools = custom_tool_names(data.get("tools"))
         self.response_id = "resp_" + new_id()
         self.created = int(time.time())
         self._sequence = 0
@@ -80,8 +111,9 @@ class Responses(ApiFormat):
             "previous_response_id": None,
             "reasoning": {"effort": None, "summary": None},
             "store": False,
+            "prompt_cache_key": request.get("prompt_cache_key"),
             "temperature": request.get("temperature", 1.0),
-            "text": {"format": {"type": "text"}},
+            "text": {"format": (request.get("text") or {}).get("format") or {"type": "text"}},
             "tool_choice": request.get("tool_choice") or "auto",
             "tools": request.get("tools") or [],
             "top_p": request.get("top_p", 1.0),
@@ -108,8 +140,13 @@ class Responses(ApiFormat):
         output: list[dict[str, Any]] = []
         if result.text or not result.tool_calls:
             output.append(message_item("msg_" + new_id(), result.text, logprobs=self._logprobs(result)))
-        output.extend(function_item("fc_" + new_id(), call) for call in result.tool_calls)
+        output.extend(self._call_item(call) for call in result.tool_calls)
         return self._response("completed", output, result)
+
+    def _call_item(self, call: ToolCall, item_id: str = "", status: str = "completed") -> dict[str, Any]:
+        custom = call.name in self.custom_tools
+        item_id = item_id or ("ctc_" if custom else "fc_") + new_id()
+        return function_item(item_id, call, status=status, custom=custom)
 
     # -- streaming: typed events, numbered in order ----------------------------------------------------
 
@@ -182,27 +219,20 @@ class Responses(ApiFormat):
             ]
             output.append(done_item)
         for call in result.tool_calls:
-            index, fc_id = len(output), "fc_" + new_id()
-            done_call = function_item(fc_id, call)
+            index, done_call = len(output), self._call_item(call)
+            fc_id = done_call["id"]
+            custom = done_call["type"] == "custom_tool_call"
+            kind = "response.custom_tool_call_input" if custom else "response.function_call_arguments"
+            text = done_call["input"] if custom else call.arguments
+            final = {"input": text} if custom else {"arguments": text, "name": call.name}
             events += [
                 self._event(
                     "response.output_item.added",
                     output_index=index,
-                    item=function_item(fc_id, call, status="in_progress"),
+                    item=self._call_item(call, fc_id, status="in_progress"),
                 ),
-                self._event(
-                    "response.function_call_arguments.delta",
-                    item_id=fc_id,
-                    output_index=index,
-                    delta=call.arguments,
-                ),
-                self._event(
-                    "response.function_call_arguments.done",
-                    item_id=fc_id,
-                    output_index=index,
-                    arguments=call.arguments,
-                    name=call.name,
-                ),
+                self._event(kind + ".delta", item_id=fc_id, output_index=index, delta=text),
+                self._event(kind + ".done", item_id=fc_id, output_index=index, **final),
                 self._event("response.output_item.done", output_index=index, item=done_call),
             ]
             output.append(done_call)
@@ -211,3 +241,13 @@ class Responses(ApiFormat):
     def stream_done(self, response: dict[str, Any]) -> list[Event]:
         kind = "response.incomplete" if response["status"] == "incomplete" else "response.completed"
         return [self._event(kind, response=response)]
+
+    def stream_failed(self, status: int, message: str, code: str | None) -> list[Event]:
+        """A stream that fails ends with `response.failed` (Codex waits for a terminal event; a
+        dropped connection it retries as a network error)."""
+        response = self._response("failed", [], None)
+        response["error"] = {
+            "code": code or ("server_error" if status >= 500 else "invalid_request"),
+            "message": message,
+        }
+        return [self._event("response.failed", response=response)]
