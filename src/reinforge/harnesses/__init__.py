@@ -3,7 +3,8 @@ attempt, and the task's tests as the reward (docs/harnesses.md)."""
 
 from reinforge.harnesses.agent import AttemptReport, HarnessAgent
 from reinforge.harnesses.claude_code import ClaudeCode
-from reinforge.harnesses.harness import Harness, HarnessContext
+from reinforge.harnesses.codex_cli import CodexCli
+from reinforge.harnesses.harness import Harness, HarnessContext, ToolFailure
 from reinforge.harnesses.mini_swe_agent import MiniSweAgent, bash_reply
 from reinforge.harnesses.sandbox import (
     Limits,
@@ -20,6 +21,7 @@ __all__ = [
     "TASK_KEY",
     "AttemptReport",
     "ClaudeCode",
+    "CodexCli",
     "HarborTask",
     "Harness",
     "HarnessAgent",
@@ -30,6 +32,7 @@ __all__ = [
     "RewardMode",
     "Sandbox",
     "TestOutcome",
+    "ToolFailure",
     "UnconfinedSandbox",
     "bash_reply",
     "default_sandbox",

@@ -22,12 +22,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
-from reinforge.harnesses.harness import Harness, HarnessContext
+from reinforge import semconv
+from reinforge.harnesses.harness import Harness, HarnessContext, ToolFailure
 from reinforge.harnesses.sandbox import Limits, RunResult, Sandbox, default_sandbox
 from reinforge.harnesses.tasks import HarborTask, task_from_rollout
 from reinforge.harnesses.verifier import RewardMode, TestOutcome, score
 from reinforge.runner.agent import Agent
 from reinforge.runner.llm import LLM
+from reinforge.tracing.context import current_attempt
+from reinforge.types import Span, SpanKind, SpanStatus, SpanStatusCode
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +47,45 @@ class AttemptReport:
     harness_exit_code: int
     harness_timed_out: bool
     tests: TestOutcome
+
+
+def report_tool_failures(harness: Harness, state_dir: Path) -> int:
+    """Each failed tool call the harness's own records hold (`tool_failures`, where it has one) as a
+    tool span with error status and an AIR `tool_error`, timed when the tool ended: credit charges it
+    to the call that asked for the tool, as the gateway does for Anthropic's `is_error` results."""
+    read = getattr(harness, "tool_failures", None)
+    attempt = current_attempt()
+    if read is None or attempt is None:
+        return 0
+    try:
+        failures: list[ToolFailure] = read(state_dir)
+    except (OSError, ValueError) as exc:  # an unreadable record is no signal, not a failed attempt
+        log.warning("%s: its tool records could not be read: %s", harness.name, exc)
+        return 0
+    for failure in failures:
+        attributes: dict[str, Any] = {
+            semconv.ATTR_STEP_KIND: semconv.STEP_TOOL,
+            semconv.ATTR_TOOL_NAME: failure.tool,
+            semconv.ATTR_TOOL_CALL_ID: failure.call_id,
+            semconv.ATTR_AIR_SIGNAL: semconv.AIR_TOOL_ERROR,
+            semconv.ATTR_SEQUENCE_IN_ATTEMPT: attempt.next_sequence(),
+        }
+        if attempt.agent_name is not None:
+            attributes[semconv.ATTR_AGENT_NAME] = attempt.agent_name
+        message = f"{harness.name} recorded {failure.tool} as failed"
+        attempt.sink.submit(
+            Span(
+                rollout_id=attempt.rollout_id,
+                attempt_id=attempt.attempt_id,
+                name=semconv.SPAN_TOOL_RESULT,
+                kind=SpanKind.internal,
+                start_time=failure.ended_at,
+                end_time=failure.ended_at,
+                attributes=attributes,
+                status=SpanStatus(code=SpanStatusCode.error, message=message),
+            )
+        )
+    return len(failures)
 
 
 def _attempt_id(llm: LLM) -> str:
@@ -143,6 +185,7 @@ class HarnessAgent(Agent):
             log_name="harness",
             gateway_url=llm.base_url,
         )
+        report_tool_failures(self.harness, state)
         if ran.timed_out:
             log.warning(
                 "%s on %s ran out of its %ss; its tests run anyway", self.harness.name, harbor.name, timeout

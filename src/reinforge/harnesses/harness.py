@@ -27,6 +27,19 @@ class HarnessContext:
     timeout_s: float
 
 
+@dataclass(frozen=True)
+class ToolFailure:
+    """A tool call the harness itself recorded as failed (a command's non-zero exit, a patch that did
+    not apply): reported as an AIR `tool_error`, timed when the tool ended so that credit charges it
+    to the call that asked for the tool (the latest call before it)."""
+
+    tool: str
+    call_id: str
+    ended_at: float
+    """Unix seconds."""
+    detail: str = ""
+
+
 class Harness(Protocol):
     name: str
     address_space_mb: int | None
