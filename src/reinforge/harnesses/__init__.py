@@ -6,6 +6,7 @@ from reinforge.harnesses.claude_code import ClaudeCode
 from reinforge.harnesses.codex_cli import CodexCli
 from reinforge.harnesses.harness import Harness, HarnessContext, ToolFailure
 from reinforge.harnesses.mini_swe_agent import MiniSweAgent, bash_reply
+from reinforge.harnesses.opencode import OpenCode
 from reinforge.harnesses.sandbox import (
     Limits,
     NamespaceSandbox,
@@ -29,6 +30,7 @@ __all__ = [
     "Limits",
     "MiniSweAgent",
     "NamespaceSandbox",
+    "OpenCode",
     "RewardMode",
     "Sandbox",
     "TestOutcome",
