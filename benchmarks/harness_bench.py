@@ -5,8 +5,7 @@
 For each harness of docs/harnesses.md it runs three shipped Harbor tasks through the real gateway
 and runner (each attempt in its sandbox), a scripted backend answering as a capable model would in
 that harness's own format. A harness counts only when every task's tests pass (reward 1) and the
-gateway answered no call with a 4xx/5xx. Harnesses without support yet (Codex CLI, OpenCode) count
-as not running. Prints
+gateway answered no call with a 4xx/5xx. Prints
 
     RESULT harnesses_ok=<n>/4
     RESULT harness_gateway_ms harness=<name> calls=<k> p50=<ms> p95=<ms> e2e_p50=<ms>
@@ -16,7 +15,8 @@ byte out; the scripted backend answers at once, so this is the gateway's own wor
 prompt rendering and tokenizing, recording). `e2e_p50`: the same calls as the harness saw them:
 for mini-swe-agent from its trajectory (it stamps each reply), which adds the sandbox's relay,
 litellm and the HTTP client; for Claude Code its own API time per call (`duration_api_ms /
-num_turns` of each run's result event), which adds the relay and its SDK.
+num_turns` of each run's result event), which adds the relay and its SDK; for Codex CLI and OpenCode
+none is measured (nan).
 """
 
 from __future__ import annotations
@@ -32,7 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from reinforge.gateway.app import create_gateway_app
-from reinforge.harnesses import ClaudeCode, HarnessAgent, MiniSweAgent, bash_reply, load_task, load_tasks
+from reinforge.harnesses import (
+    ClaudeCode,
+    CodexCli,
+    HarnessAgent,
+    MiniSweAgent,
+    OpenCode,
+    bash_reply,
+    load_task,
+    load_tasks,
+)
 from reinforge.harnesses.harness import Harness
 from reinforge.harnesses.mini_swe_agent import SUBMIT
 from reinforge.inference.contract import GenerationRequest
@@ -111,17 +120,24 @@ def _e2e_ms(attempts: Path) -> list[float]:
     return out
 
 
-def _claude_code_reply(request: GenerationRequest) -> ScriptedReply:
-    """Claude Code's tool_use format: each mini-swe-agent command as a Bash call, then a closing text."""
-    messages = request.messages or []
-    first_user = next(str(m["content"]) for m in messages if m["role"] == "user")
-    task = next(name for name, text in INSTRUCTIONS.items() if text in first_user)
-    step = sum(1 for m in messages if m["role"] == "assistant")
-    commands = SCRIPTS[task][:-1]  # its end is a reply without a tool call, not a submit command
-    if step >= len(commands):
-        return ScriptedReply(text="Done.")
-    call = ScriptedToolCall(name="Bash", arguments={"command": commands[step], "description": "Run it"})
-    return ScriptedReply(text=f"Step {step + 1}.", tool_calls=[call])
+def _tool_reply(tool: str, key: str) -> Callable[[GenerationRequest], ScriptedReply]:
+    """A harness's tool-call format: each mini-swe-agent command as a call of its shell tool (`tool`,
+    the command under `key`), then a closing text."""
+
+    def reply(request: GenerationRequest) -> ScriptedReply:
+        messages = request.messages or []
+        users = "\n".join(str(m["content"]) for m in messages if m["role"] == "user")
+        task = next(name for name, text in INSTRUCTIONS.items() if text in users)
+        step = sum(1 for m in messages if m["role"] == "assistant")
+        commands = SCRIPTS[task][:-1]  # its end is a reply without a tool call, not a submit command
+        if step >= len(commands):
+            return ScriptedReply(text="Done.")
+        arguments = {key: commands[step]} | ({"description": "Run it"} if key == "command" else {})
+        return ScriptedReply(
+            text=f"Step {step + 1}.", tool_calls=[ScriptedToolCall(name=tool, arguments=arguments)]
+        )
+
+    return reply
 
 
 def _api_ms_per_call(attempts: Path) -> list[float]:
@@ -174,11 +190,28 @@ async def _mini_swe_agent(run_dir: Path) -> tuple[bool, list[float], list[float]
 
 
 async def _claude_code(run_dir: Path) -> tuple[bool, list[float], list[float]]:
-    ok, calls = await _run(ClaudeCode(max_turns=10), _claude_code_reply, "/v1/messages", run_dir)
+    reply = _tool_reply("Bash", "command")
+    ok, calls = await _run(ClaudeCode(max_turns=10), reply, "/v1/messages", run_dir)
     return ok, calls, _api_ms_per_call(run_dir / "attempts")
 
 
-RUNS = {"mini-swe-agent": _mini_swe_agent, "claude-code": _claude_code}
+async def _codex(run_dir: Path) -> tuple[bool, list[float], list[float]]:
+    ok, calls = await _run(CodexCli(), _tool_reply("exec_command", "cmd"), "/v1/responses", run_dir)
+    return ok, calls, []
+
+
+async def _opencode(run_dir: Path) -> tuple[bool, list[float], list[float]]:
+    reply = _tool_reply("bash", "command")
+    ok, calls = await _run(OpenCode(), reply, "/v1/chat/completions", run_dir)
+    return ok, calls, []
+
+
+RUNS = {
+    "mini-swe-agent": _mini_swe_agent,
+    "claude-code": _claude_code,
+    "codex": _codex,
+    "opencode": _opencode,
+}
 
 
 def main() -> None:
@@ -193,6 +226,9 @@ def main() -> None:
             started = time.perf_counter()
             passed, calls, e2e = asyncio.run(RUNS[name](Path(tmp) / name))
             ok += passed
+            if not calls:  # not installed, or it never reached the gateway
+                print(f"RESULT harness_gateway_ms harness={name} calls=0")
+                continue
             q = statistics.quantiles(calls, n=20) if len(calls) >= 2 else [float("nan")] * 19
             print(
                 f"RESULT harness_gateway_ms harness={name} calls={len(calls)} "
