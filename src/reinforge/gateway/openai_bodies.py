@@ -533,6 +533,8 @@ def responses_request(body: ResponsesBody) -> GenerationRequest:
     # previous_response_id, conversation, prompt, background and top_logprobs were refused by the
     # body's own types.
     _check_reasoning(body.reasoning)
+    if (body.text or {}).get("verbosity") not in (None, "low", "medium", "high"):
+        raise _reject("text.verbosity", "must be 'low', 'medium' or 'high'")  # a hint, ignored
     return GenerationRequest(
         messages=_responses_messages(body),
         tools=_responses_tools(body.tools),
