@@ -95,14 +95,14 @@ def _toml(value: str) -> str:
 
 @dataclass(frozen=True)
 class CodexCli:
-    """`context_window` is what Codex is told the model holds (it compacts its history near it);
-    `heap_mb` is unused by Codex itself (a native binary) and bounds only its Node launcher."""
+    """`context_window` is what Codex is told the model holds (it compacts its history near it)."""
 
     context_window: int = 32768
     executable: str | None = None
     name: str = "codex"
     address_space_mb: int | None = 16384
-    """Its native binary maps large thread stacks and allocator arenas: under 4 GB it aborts."""
+    """Its Node launcher and native binary run under the same floor as Claude Code's (the least
+    address space Codex needs under the 4 GB default cap was not measured)."""
 
     def home(self, ctx: HarnessContext) -> Path:
         return ctx.state_dir / "codex"
