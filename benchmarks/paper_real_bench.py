@@ -1,9 +1,9 @@
 """The paper's three agents on the real SmolLM2-135M-Instruct: each `config_smollm2*.toml` trained in
 turn with `reinforge train`'s own pieces, held-out figures before and after (sampled and greedy).
 
-    PYTHONPATH=src .venv/bin/python benchmarks/paper_real_bench.py                     # all four, 200 held out
+    PYTHONPATH=src .venv/bin/python benchmarks/paper_real_bench.py            # all four, 200 held out
     PYTHONPATH=src .venv/bin/python benchmarks/paper_real_bench.py --only calc_x \\
-        --val-size 16 --max-steps 1 --minutes 3 --tasks-per-step 2 --group-size 4      # a reduced run
+        --val-size 16 --max-steps 1 --minutes 3 --tasks-per-step 2 --group-size 4  # a reduced run
 
 Prints, for each config, `RESULT paper_real_<name> before=<a> after=<b> greedy_before=<c>
 greedy_after=<d> rl_minutes=<m> steps=<n> calls_per_episode=<k>`; before/after read the config's
@@ -68,7 +68,9 @@ def run_one(name: str, args: argparse.Namespace) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", nargs="*", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--val-size", type=int, default=200, help="held-out tasks (>= 200 for a full run)")
     parser.add_argument("--max-steps", type=int, default=60)

@@ -29,7 +29,9 @@ DEMO_SQL = "SELECT name FROM ridge WHERE mallet = 'Mexico'"
 """A question of a training-split database (`sql_data.generate_tasks("train", ...)`)."""
 
 WRITER_SYSTEM = "You write one SQLite query that answers the question. Reply with the query only."
-CHECKER_SYSTEM = "You check a SQL query against the question and its rows. Reply OK if it is right, else WRONG."
+CHECKER_SYSTEM = (
+    "You check a SQL query against the question and its rows. Reply OK if it is right, else WRONG."
+)
 REWRITER_SYSTEM = "The SQL query below may be wrong. Reply with a corrected SQLite query only."
 
 

@@ -87,4 +87,3 @@ async def run_on_smollm2(
             )
         )
     return recorded
-

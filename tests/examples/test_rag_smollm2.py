@@ -1,5 +1,5 @@
-"""The retrieval config on the real SmolLM2-135M-Instruct: the Agents SDK researcher's rollouts through the gateway
-on the model's own ChatML template, the demonstration in the prompt, each episode one merged sample."""
+"""The retrieval config on the real SmolLM2-135M-Instruct: the Agents SDK researcher's rollouts through
+the gateway on the model's own ChatML template, the demonstration in the prompt, one merged sample."""
 
 from __future__ import annotations
 
@@ -37,5 +37,5 @@ async def test_the_agent_runs_on_the_real_model_with_its_template(smollm2_cache:
         prompt = rec.prompts[0]
         assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
         assert DEMO_QUESTION in prompt and prompt.count("<tool_call>") >= 2  # the demonstration
-        assert str(rec.rollout.task['question']) in prompt
+        assert str(rec.rollout.task["question"]) in prompt
     assert {name for rec in recorded for name in rec.agent_names} == {"researcher"}

@@ -31,7 +31,9 @@ async def test_the_graph_runs_on_the_real_model_with_its_template(smollm2_cache:
 
     cfg = load_run_config(EXAMPLE / "config_smollm2.toml")
     assert cfg.model.path == SMOLLM2 and cfg.credit.agents == ["writer", "rewriter"]
-    recorded = await run_on_smollm2(smollm2_cache, resolve_agent(cfg), val_tasks(1), cfg.credit, max_tokens=16)
+    recorded = await run_on_smollm2(
+        smollm2_cache, resolve_agent(cfg), val_tasks(1), cfg.credit, max_tokens=16
+    )
     rec = recorded[0]
     assert rec.rollout.reward in (0.0, 1.0)
     assert rec.agent_names[:2] == ["writer", "checker"]
