@@ -8,14 +8,16 @@ from reinforge.credit.merge import MISMATCH_REASONS
 
 from .span_factory import llm_span, rollout
 
-SYSTEM = [1, 2, 3, 4]
+SYSTEM = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+ASSISTANT_HEADER = [13, 14, 15]
+START = SYSTEM + ASSISTANT_HEADER
 REPLY = [20, 21, 22, 23, 24, 25]
 OBSERVATION = [30, 31]
 
 
 def _two_calls(second_prompt: list[int]) -> CreditMetrics:
     spans = [
-        llm_span(SYSTEM, REPLY, t=1.0, seq=0),
+        llm_span(START, REPLY, t=1.0, seq=0),
         llm_span(second_prompt, [40, 41], t=2.0, seq=1),
     ]
     _, metrics = build_transitions(rollout(), spans, CreditConfig(mode="merged"))
@@ -23,14 +25,15 @@ def _two_calls(second_prompt: list[int]) -> CreditMetrics:
 
 
 def test_an_appended_history_merges_and_counts_a_merged_transition() -> None:
-    metrics = _two_calls(SYSTEM + REPLY + OBSERVATION)
+    metrics = _two_calls(START + REPLY + OBSERVATION)
     assert (metrics.merged_calls, metrics.merge_mismatches, metrics.merged_transitions) == (1, 0, 1)
     assert metrics.merge_mismatch_reasons == {}
     assert not any(key.startswith("credit/merge_mismatch/") for key in metrics.as_dict())
 
 
 def test_a_reply_left_out_of_the_history_is_reply_dropped() -> None:
-    # mini-swe-agent after a reply it cannot parse: system, task, then its "format error" message.
+    # mini-swe-agent after a reply it cannot parse: system, task, then its "format error" message
+    # where the reply's turn (assistant header, reply) was.
     metrics = _two_calls([*SYSTEM, 50, 51, 52])
     assert metrics.merge_mismatch_reasons == {"reply_dropped": 1}
     assert metrics.as_dict()["credit/merge_mismatch/reply_dropped"] == 1.0
@@ -39,7 +42,7 @@ def test_a_reply_left_out_of_the_history_is_reply_dropped() -> None:
 
 def test_a_reply_sent_back_retokenised_is_reply_changed() -> None:
     respelled = [99, *REPLY[1:-1], 98]  # same text inside, different tokens at its edges
-    metrics = _two_calls(SYSTEM + respelled + OBSERVATION)
+    metrics = _two_calls(START + respelled + OBSERVATION)
     assert metrics.merge_mismatch_reasons == {"reply_changed": 1}
 
 
@@ -49,7 +52,7 @@ def test_an_edited_earlier_turn_is_history_edited() -> None:
 
 
 def test_a_shorter_history_is_history_truncated() -> None:
-    metrics = _two_calls(SYSTEM + REPLY[:3])
+    metrics = _two_calls(START + REPLY[:3])
     assert metrics.merge_mismatch_reasons == {"history_truncated": 1}
 
 
@@ -68,12 +71,12 @@ def test_reasons_add_up_across_rollouts_and_match_the_mismatch_count() -> None:
 
 def test_a_merged_sample_judges_against_its_last_reply() -> None:
     # Three calls: the second extends the first; the third drops the second's reply.
-    second_prompt = SYSTEM + REPLY + OBSERVATION
+    second_prompt = START + REPLY + OBSERVATION + ASSISTANT_HEADER
     second_reply = [60, 61, 62, 63]
     spans = [
-        llm_span(SYSTEM, REPLY, t=1.0, seq=0),
+        llm_span(START, REPLY, t=1.0, seq=0),
         llm_span(second_prompt, second_reply, t=2.0, seq=1),
-        llm_span([*second_prompt, 70, 71], [80], t=3.0, seq=2),
+        llm_span([*START, *REPLY, *OBSERVATION, 70, 71], [80], t=3.0, seq=2),
     ]
     transitions, metrics = build_transitions(rollout(), spans, CreditConfig(mode="merged"))
     assert [t.num_calls for t in transitions] == [2, 1]

@@ -96,15 +96,19 @@ _REPLY_PROBE = 16
 """Tokens from inside the previous reply looked for in the next prompt: enough not to be found by chance."""
 
 
+_GENERATION_PROMPT = 8
+"""Tokens before a reply counted as its turn's opening (a chat template's assistant header)."""
+
+
 def mismatch_reason(sample: Sample, call: LLMCall) -> str:
     """Why `call` did not extend `sample`, judged from where its prompt leaves the sample's tokens.
 
-    - `history_edited`: it diverges before the previous reply: the system prompt, the task or an
+    - `history_edited`: it diverges before the previous reply's turn: the system prompt, the task or an
       earlier turn changed (compaction, a summary, a trimmed window, an edited observation).
-    - `reply_dropped`: it diverges inside the previous reply and the reply is not in the prompt at
+    - `reply_dropped`: it diverges at the previous reply's turn and the reply is not in the prompt at
       all: the agent left it out (mini-swe-agent keeps only its "format error" message after a reply
       it cannot parse) or replaced it.
-    - `reply_changed`: it diverges inside the previous reply but the reply's inner tokens are there:
+    - `reply_changed`: it diverges at the previous reply's turn but the reply's inner tokens are there:
       the agent sent it back re-spelled or edited, so its tokens differ (re-tokenisation).
     - `history_truncated`: the prompt is a strict prefix of the sample: the history got shorter.
     """
@@ -115,11 +119,13 @@ def mismatch_reason(sample: Sample, call: LLMCall) -> str:
         return "history_truncated"
     reply = sample.calls[-1].response_ids
     reply_start = len(history) - len(reply)
-    if at < reply_start:
+    # The last prompt ends with the template's generation prompt (`<|im_start|>assistant\n`): a
+    # history without the reply leaves it there, so it is part of the reply's turn.
+    if at < reply_start - _GENERATION_PROMPT:
         return "history_edited"
     inner = reply[1:-1] if len(reply) > 2 else reply
     probe = inner[:_REPLY_PROBE]
-    return "reply_changed" if probe and _contains(prompt[reply_start:], probe) else "reply_dropped"
+    return "reply_changed" if probe and _contains(prompt[at:], probe) else "reply_dropped"
 
 
 def _contains(haystack: list[int], needle: list[int]) -> bool:
