@@ -138,7 +138,9 @@ def main() -> None:
         algorithm=_algorithm(algorithm_name, args.group_size),
         credit=CreditConfig(mode="merged", assignment="equal+air"),
         run_dir=run_dir,
-        optim=OptimSettings(learning_rate=1e-6),
+        # A merged attempt is ~1,500 tokens; with SmolLM2's 49k-token vocabulary the logits of an
+        # 8,192-token micro-batch (the default) and their gradients took 17 GB on CPU.
+        optim=OptimSettings(learning_rate=1e-6, micro_batch_tokens=2048),
         # mini-swe-agent's own system prompt and task are ~850 SmolLM2 tokens before the first reply.
         engine=EngineSettings(max_seq_len=4096),
         rollouts=RolloutSettings(
