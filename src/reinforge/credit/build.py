@@ -76,7 +76,10 @@ def build_transitions(
         return [], metrics
 
     if config.mode == "merged":
-        samples, metrics.merged_calls, metrics.merge_mismatches = merge_calls(trained)
+        merge = merge_calls(trained)
+        samples, metrics.merged_calls = merge.samples, merge.merged
+        metrics.merge_mismatches = sum(merge.mismatches.values())
+        metrics.merge_mismatch_reasons = merge.mismatches
     else:
         samples = per_call(trained)
 
@@ -90,6 +93,7 @@ def build_transitions(
         metrics.masked_tokens += len(sample.response_mask) - sum(sample.response_mask)
         metrics.prompt_tokens += len(sample.prompt_ids)
     metrics.transitions = len(transitions)
+    metrics.merged_transitions = sum(1 for t in transitions if t.num_calls > 1)
     return transitions, metrics
 
 

@@ -3,7 +3,8 @@
 A chat agent's next prompt usually is the previous prompt, the previous response, then the tool
 result or observation. When the token ids say exactly that, the calls become one sample whose
 in-between tokens are context only (mask 0). Re-tokenised or edited histories don't extend exactly;
-those calls start a new sample, and the mismatch is counted rather than guessed around.
+those calls start a new sample, and the mismatch is counted rather than guessed around, by reason
+(`mismatch_reason`), so a user whose calls do not merge learns what the agent did to its history.
 """
 
 from __future__ import annotations
@@ -57,10 +58,20 @@ def per_call(calls: list[LLMCall]) -> list[Sample]:
     return [Sample.of(call) for call in calls]
 
 
-def merge_calls(calls: list[LLMCall]) -> tuple[list[Sample], int, int]:
-    """Samples, how many calls were merged onto a previous one, and how many failed to extend."""
+@dataclass
+class MergeOutcome:
+    """The samples, how many calls joined the one before, and why the others did not (reason → count)."""
+
+    samples: list[Sample]
+    merged: int
+    mismatches: dict[str, int]
+
+
+def merge_calls(calls: list[LLMCall]) -> MergeOutcome:
+    """Merge each call onto the previous call's sample where its prompt extends it exactly."""
     samples: list[Sample] = []
-    merged = mismatches = 0
+    merged = 0
+    mismatches: dict[str, int] = {}
     for call in calls:
         if samples and samples[-1].calls[-1].agent_name != call.agent_name:
             # Another agent's call is its own sample even if it shares the history.
@@ -70,11 +81,56 @@ def merge_calls(calls: list[LLMCall]) -> tuple[list[Sample], int, int]:
             merged += 1
             continue
         if samples:
-            mismatches += 1
+            reason = mismatch_reason(samples[-1], call)
+            mismatches[reason] = mismatches.get(reason, 0) + 1
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("merge mismatch: %s", describe_mismatch(samples[-1], call))
+                log.debug("merge mismatch (%s): %s", reason, describe_mismatch(samples[-1], call))
         samples.append(Sample.of(call))
-    return samples, merged, mismatches
+    return MergeOutcome(samples=samples, merged=merged, mismatches=mismatches)
+
+
+MISMATCH_REASONS = ("history_edited", "reply_dropped", "reply_changed", "history_truncated")
+"""Why a call's prompt did not extend the sample before it (`mismatch_reason`)."""
+
+_REPLY_PROBE = 16
+"""Tokens from inside the previous reply looked for in the next prompt: enough not to be found by chance."""
+
+
+_GENERATION_PROMPT = 8
+"""Tokens before a reply counted as its turn's opening (a chat template's assistant header)."""
+
+
+def mismatch_reason(sample: Sample, call: LLMCall) -> str:
+    """Why `call` did not extend `sample`, judged from where its prompt leaves the sample's tokens.
+
+    - `history_edited`: it diverges before the previous reply's turn: the system prompt, the task or an
+      earlier turn changed (compaction, a summary, a trimmed window, an edited observation).
+    - `reply_dropped`: it diverges at the previous reply's turn and the reply is not in the prompt at
+      all: the agent left it out (mini-swe-agent keeps only its "format error" message after a reply
+      it cannot parse) or replaced it.
+    - `reply_changed`: it diverges at the previous reply's turn but the reply's inner tokens are there:
+      the agent sent it back re-spelled or edited, so its tokens differ (re-tokenisation).
+    - `history_truncated`: the prompt is a strict prefix of the sample: the history got shorter.
+    """
+    history = sample.prompt_ids + sample.response_ids
+    prompt = call.prompt_ids
+    at = next((i for i, (a, b) in enumerate(zip(history, prompt, strict=False)) if a != b), None)
+    if at is None:
+        return "history_truncated"
+    reply = sample.calls[-1].response_ids
+    reply_start = len(history) - len(reply)
+    # The last prompt ends with the template's generation prompt (`<|im_start|>assistant\n`): a
+    # history without the reply leaves it there, so it is part of the reply's turn.
+    if at < reply_start - _GENERATION_PROMPT:
+        return "history_edited"
+    inner = reply[1:-1] if len(reply) > 2 else reply
+    probe = inner[:_REPLY_PROBE]
+    return "reply_changed" if probe and _contains(prompt[at:], probe) else "reply_dropped"
+
+
+def _contains(haystack: list[int], needle: list[int]) -> bool:
+    first, size = needle[0], len(needle)
+    return any(haystack[i : i + size] == needle for i, t in enumerate(haystack) if t == first)
 
 
 def describe_mismatch(sample: Sample, call: LLMCall, context: int = 8) -> str:

@@ -33,6 +33,11 @@ class CreditMetrics(BaseModel):
     transitions: int = 0
     merged_calls: int = Field(default=0, description="Calls joined onto the previous call's sample.")
     merge_mismatches: int = Field(default=0, description="Calls whose prompt did not extend the last one.")
+    merged_transitions: int = Field(default=0, description="Transitions made of two or more calls.")
+    merge_mismatch_reasons: dict[str, int] = Field(
+        default_factory=dict,
+        description="Why calls did not extend the last one (credit.merge.MISMATCH_REASONS) → count.",
+    )
     history_respelled: int = Field(
         default=0, description="History turns the agent sent back respelled, rendered as generated."
     )
@@ -57,6 +62,9 @@ class CreditMetrics(BaseModel):
             **counts,
             source_abs=dict(Counter(self.source_abs) + Counter(other.source_abs)),
             air_signals=dict(Counter(self.air_signals) + Counter(other.air_signals)),
+            merge_mismatch_reasons=dict(
+                Counter(self.merge_mismatch_reasons) + Counter(other.merge_mismatch_reasons)
+            ),
         )
 
     def source_share(self) -> dict[str, float]:
@@ -75,6 +83,8 @@ class CreditMetrics(BaseModel):
             out[f"{prefix}share_{source}"] = share
         for signal, count in sorted(self.air_signals.items()):
             out[f"{prefix}air_{signal}"] = float(count)
+        for reason, count in sorted(self.merge_mismatch_reasons.items()):
+            out[f"{prefix}merge_mismatch/{reason}"] = float(count)
         attempted = self.merged_calls + self.merge_mismatches
         out[f"{prefix}merge_rate"] = self.merged_calls / attempted if attempted else 0.0
         return out

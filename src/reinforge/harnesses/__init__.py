@@ -6,6 +6,7 @@ from reinforge.harnesses.claude_code import ClaudeCode
 from reinforge.harnesses.codex_cli import CodexCli
 from reinforge.harnesses.harness import Harness, HarnessContext, ToolFailure
 from reinforge.harnesses.mini_swe_agent import MiniSweAgent, bash_reply
+from reinforge.harnesses.mini_swe_formats import PLAIN_BASH, ActionFormat
 from reinforge.harnesses.opencode import OpenCode
 from reinforge.harnesses.sandbox import (
     Limits,
@@ -19,7 +20,9 @@ from reinforge.harnesses.tasks import TASK_KEY, HarborTask, load_task, load_task
 from reinforge.harnesses.verifier import RewardMode, TestOutcome, score
 
 __all__ = [
+    "PLAIN_BASH",
     "TASK_KEY",
+    "ActionFormat",
     "AttemptReport",
     "ClaudeCode",
     "CodexCli",

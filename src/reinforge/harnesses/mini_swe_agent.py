@@ -7,6 +7,8 @@ every call is a chat completion to the gateway. What it reads (minisweagent 2.4,
 first-run questions), `MSWEA_GLOBAL_CONFIG_DIR` (its .env and trajectories), `MSWEA_COST_TRACKING`
 (a local model has no price), `MSWEA_SILENT_STARTUP`, `MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT`;
 litellm's `LITELLM_LOCAL_MODEL_COST_MAP` keeps it from fetching its price list from the network at import.
+`action_format` swaps the reply format through its own config keys (`mini_swe_formats.PLAIN_BASH`
+for small models that never write its ```mswea_bash_command tag).
 """
 
 from __future__ import annotations
@@ -18,12 +20,12 @@ from pathlib import Path
 
 from reinforge.errors import InvalidRequestError
 from reinforge.harnesses.harness import HarnessContext
+from reinforge.harnesses.mini_swe_formats import SUBMIT, ActionFormat
 
 CONFIG = "mini_textbased.yaml"
 """mini-swe-agent's own config for models answering in fenced bash blocks (no tool calls)."""
 
-SUBMIT = "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"
-"""The command with which mini-swe-agent's model says the task is done."""
+__all__ = ["CONFIG", "SUBMIT", "MiniSweAgent", "bash_reply", "find_mini"]
 
 
 def bash_reply(command: str, thought: str = "I will run this next.") -> str:
@@ -46,7 +48,8 @@ def find_mini() -> str:
 class MiniSweAgent:
     """`step_limit` bounds its model calls; `command_timeout_s` each bash command it runs;
     `model_attempts` how often it sends a call the gateway refused (its own default is 10, with
-    back-off up to a minute: meant for a remote API, not a local gateway)."""
+    back-off up to a minute: meant for a remote API, not a local gateway). `action_format` replaces
+    its reply format and prompts (None: its own ```mswea_bash_command format)."""
 
     step_limit: int = 30
     command_timeout_s: int = 60
@@ -54,6 +57,7 @@ class MiniSweAgent:
     executable: str | None = None
     name: str = "mini-swe-agent"
     address_space_mb: int | None = None
+    action_format: ActionFormat | None = None
 
     def command(self, ctx: HarnessContext) -> list[str]:
         return [
@@ -63,6 +67,7 @@ class MiniSweAgent:
             "--agent-class", "default",
             "--environment-class", "local",
             "--config", CONFIG,
+            *(self.action_format.config_args() if self.action_format is not None else []),
             "--config", f"agent.step_limit={self.step_limit}",
             "--config", f"environment.timeout={self.command_timeout_s}",
             "--config", f"environment.cwd={ctx.workdir}",
