@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from reinforge.gateway.app import create_gateway_app
 from reinforge.inference.contract import GenerationRequest
@@ -25,16 +26,16 @@ TASKS_ROOT = Path(__file__).resolve().parents[2] / "examples" / "harnesses" / "t
 class StatusRecorder:
     """ASGI middleware: every (method, path, status) the wrapped app answered."""
 
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
         self.seen: list[tuple[str, str, int]] = []
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
 
-        async def recording_send(message: dict[str, Any]) -> None:
+        async def recording_send(message: Message) -> None:
             if message["type"] == "http.response.start":
                 self.seen.append((scope["method"], scope["path"], message["status"]))
             await send(message)

@@ -41,12 +41,15 @@ class ToolFailure:
 
 
 class Harness(Protocol):
-    name: str
-    address_space_mb: int | None
-    """The least address space (`RLIMIT_AS`) each of its processes needs, whatever memory cap the
-    agent sets, or None. Node.js reserves about 10 GB of address space per WebAssembly memory (its
-    HTTP client is one): under a 4 GB cap Claude Code cannot open a connection. Such a harness bounds
-    its real memory its own way (Node's heap limit)."""
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def address_space_mb(self) -> int | None:
+        """The least address space (`RLIMIT_AS`) each of its processes needs, whatever memory cap the
+        agent sets, or None. Node.js reserves about 10 GB of address space per WebAssembly memory (its
+        HTTP client is one): under a 4 GB cap Claude Code cannot open a connection. Such a harness
+        bounds its real memory its own way (Node's heap limit)."""
 
     def command(self, ctx: HarnessContext) -> list[str]: ...
 
