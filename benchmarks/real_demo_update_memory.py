@@ -19,10 +19,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from reinforge.algorithms import GRPO
-from reinforge.demo.real.memory import TrimFreedMemory, release_large_blocks
 from reinforge.models import resolve_model
 from reinforge.training.config import LoraSettings, OptimSettings
 from reinforge.training.device import Placement
+from reinforge.training.memory import TrimFreedMemory, release_large_blocks
 from reinforge.training.policy import Policy
 from reinforge.types import Transition
 

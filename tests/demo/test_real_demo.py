@@ -12,7 +12,6 @@ import pytest
 
 from reinforge.credit import CreditConfig, build_transitions
 from reinforge.demo.real.agent import DEMONSTRATION, real_calc_agent, run_calculator
-from reinforge.demo.real.memory import PeakTreeRss
 from reinforge.demo.real.report import RealDemoResult, StepSplit
 from reinforge.demo.real.tasks import generate_tasks, is_held_out, train_tasks, val_tasks
 from reinforge.errors import InvalidRequestError
@@ -21,6 +20,7 @@ from reinforge.inference import GenerationRequest, ScriptedBackend, ScriptedRepl
 from reinforge.net.background import BackgroundServer
 from reinforge.runner import Runner
 from reinforge.store.memory import MemoryStore
+from reinforge.training.memory import PeakTreeRss
 from reinforge.training.trainer import FitResult
 from reinforge.types import AttemptQuery, RolloutSpec, SpanQuery
 

@@ -335,12 +335,17 @@ class ComputeSettings(BaseModel):
         dtype: "auto" (bfloat16 on CUDA, float32 on the CPU), "float32" or "bfloat16". With
             bfloat16 the update's forward passes run under bf16 autocast while the weights, their
             gradients and AdamW's state stay float32, and the embedded engine serves a bf16 copy.
+        return_freed_memory: hand memory the update and the engine free back to the OS during the
+            run (`reinforge.training.memory.returning_freed_memory`: glibc maps blocks of 1 MB and
+            more one by one, and `malloc_trim` runs every second). Without it a long CPU run's RSS
+            keeps the high-water mark of every phase. It sets glibc options for the whole process.
     """
 
     model_config = ConfigDict(extra="forbid")
 
     device: str = Field(default="auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$")
     dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    return_freed_memory: bool = True
 
 
 class DistributedSettings(BaseModel):

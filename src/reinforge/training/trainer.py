@@ -47,6 +47,7 @@ from reinforge.training.distributed import (
 )
 from reinforge.training.flat_settings import upgrade_flat_settings
 from reinforge.training.fsdp import refuse_unshardable
+from reinforge.training.memory import returning_freed_memory
 from reinforge.training.metrics import MetricsLog, phase_timer, plot_reward_curve
 from reinforge.training.policy import Policy
 from reinforge.training.progress import StepProgress
@@ -165,8 +166,9 @@ class Trainer:
             token = cfg.store.token.get_secret_value() if cfg.store.token is not None else None
             store = await open_store(cfg.store_location, token)
             try:
-                run = await self._open_run(store, agent, list(train_dataset), list(val_dataset))
-                return await self._fit(run)
+                with returning_freed_memory(cfg.compute.return_freed_memory):
+                    run = await self._open_run(store, agent, list(train_dataset), list(val_dataset))
+                    return await self._fit(run)
             finally:
                 await store.close()
         finally:

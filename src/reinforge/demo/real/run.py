@@ -22,7 +22,6 @@ from rich.console import Console
 from reinforge.algorithms import GRPO
 from reinforge.credit import CreditConfig
 from reinforge.demo.real.agent import real_calc_agent
-from reinforge.demo.real.memory import PeakTreeRss, TrimFreedMemory, release_large_blocks
 from reinforge.demo.real.report import RealDemoResult
 from reinforge.demo.real.tasks import train_tasks, val_tasks
 from reinforge.models import resolve_model
@@ -38,6 +37,7 @@ from reinforge.training.config import (
     TrainerConfig,
 )
 from reinforge.training.device import native_bfloat16
+from reinforge.training.memory import PeakTreeRss
 from reinforge.training.trainer import Trainer
 
 
@@ -112,10 +112,9 @@ def run_real_demo(settings: RealDemoSettings | None = None, console: Console | N
     settings = settings or RealDemoSettings()
     console = console or Console()
     torch.set_num_threads(settings.threads)
-    release_large_blocks()
     transformers.utils.logging.disable_progress_bar()
     settings.run_dir.mkdir(parents=True, exist_ok=True)
-    with PeakTreeRss() as peak, TrimFreedMemory():
+    with PeakTreeRss() as peak:  # the Trainer hands freed memory back (ComputeSettings)
         started = time.monotonic()
         folder = resolve_model(settings.model)
         console.print(f"model {settings.model}: {folder} (ready in {time.monotonic() - started:.1f}s)")

@@ -1,14 +1,22 @@
-"""Peak resident memory of a run: this process and every process it started, added up.
+"""A run's memory on the CPU: handing freed memory back to the OS while it trains, and measuring the
+peak of the whole run (this process and every process it started).
 
-`getrusage` gives one process's peak (or the largest child's), not the peak of their sum; the bar is
-on what the whole run holds at once (trainer, engine, runner children), so a thread samples the
-process tree's summed RSS and keeps the highest value.
+The update and the engine allocate tensors of ever-changing shapes; with glibc's defaults what they
+free stays resident, and a long run's RSS creeps up step after step (docs/training.md, "Memory").
+`Trainer.fit` therefore runs inside `returning_freed_memory` unless
+`ComputeSettings.return_freed_memory` is off.
+
+`getrusage` gives one process's peak (or the largest child's), not the peak of their sum; a bar is on
+what the whole run holds at once (trainer, engine, runner children), so `PeakTreeRss` samples the
+process tree's summed RSS in a thread and keeps the highest value.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
 import psutil
@@ -127,3 +135,16 @@ class TrimFreedMemory:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join()
+
+
+@contextmanager
+def returning_freed_memory(enabled: bool = True) -> Iterator[None]:
+    """Large freed blocks unmapped at once (`release_large_blocks`, for the rest of the process's life:
+    mallopt has no undo) and `malloc_trim` every second until the block ends. Nothing when disabled
+    or where libc is not glibc."""
+    if not enabled:
+        yield
+        return
+    release_large_blocks()
+    with TrimFreedMemory():
+        yield
