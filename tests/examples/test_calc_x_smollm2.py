@@ -98,7 +98,9 @@ async def test_warm_start_traces_are_the_agents_own_tokens_spelt_as_its_demonstr
     assert len(examples) == len(tasks)  # each conversation's calls merge into one sequence
     for example in examples:
         prompt = tokenizer.decode(example.input_ids[: example.loss_mask.index(1)])
-        trained = tokenizer.decode([t for t, m in zip(example.input_ids, example.loss_mask, strict=True) if m])
+        trained = tokenizer.decode(
+            [t for t, m in zip(example.input_ids, example.loss_mask, strict=True) if m]
+        )
         assert "What is 25+13*4?" in prompt  # the demonstrations are context, never trained
         demo_call = '<tool_call>{"name": "calculator", "arguments": {"a":13,"op":"*","b":4}}</tool_call>'
         assert demo_call in prompt
@@ -119,7 +121,11 @@ def test_the_policy_answers_the_last_question_not_a_demonstration() -> None:
     asked = [{"role": "system", "content": "s"}, *demo, {"role": "user", "content": "What is 2*3+4?"}]
     first = policy(GenerationRequest(messages=asked))
     assert [(c.name, c.arguments) for c in first.tool_calls] == [("calculator", '{"a":2,"op":"*","b":3}')]
-    after_one = [*asked, {"role": "assistant", "content": "", "tool_calls": []}, {"role": "tool", "content": "6"}]
+    after_one = [
+        *asked,
+        {"role": "assistant", "content": "", "tool_calls": []},
+        {"role": "tool", "content": "6"},
+    ]
     second = policy(GenerationRequest(messages=after_one))
     plan = load_callable(cfg.warm_start.policy.replace(":reply", ":plan"), cfg.base_dir, what="plan")
     if len(plan("2*3+4")) == 2:  # this question's plan answers after the first result

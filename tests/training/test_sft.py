@@ -244,7 +244,9 @@ def test_shared_prefix_loss_equals_the_plain_loss_and_trains(tokenizer: Any) -> 
     assert shared_prefix_length([alone]) == alone.loss_mask.index(1) - 1
 
     report = supervised_finetune(
-        model, examples, SftConfig(steps=8, batch_size=6, learning_rate=3e-3, warmup_steps=0, shared_prefix=True)
+        model,
+        examples,
+        SftConfig(steps=8, batch_size=6, learning_rate=3e-3, warmup_steps=0, shared_prefix=True),
     )
     with torch.no_grad():
         after = masked_lm_loss(model, *_collate(examples, 0, device))

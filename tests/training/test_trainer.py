@@ -66,7 +66,14 @@ def test_fit_trains_publishes_and_records_everything(tokenizer: Any, tmp_path: P
     for r in steps:
         assert r["train/rollouts"] == 8 and r["credit/transitions"] == 8 and r["tokens"] > 0
         assert 0.0 <= r["train/reward"] <= 1.0
-    keys = {"val/success", "val/reward", "val/calls", "val/greedy_success", "val/greedy_reward", "val/greedy_calls"}
+    keys = {
+        "val/success",
+        "val/reward",
+        "val/calls",
+        "val/greedy_success",
+        "val/greedy_reward",
+        "val/greedy_calls",
+    }
     assert set(result.val_before) == keys == set(result.val_after)
     # The parity agent makes one model call per episode: calls per held-out episode, not per step.
     assert result.val_before["val/calls"] == result.val_after["val/greedy_calls"] == 1.0
