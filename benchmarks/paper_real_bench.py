@@ -4,6 +4,8 @@ turn with `reinforge train`'s own pieces, held-out figures before and after (sam
     PYTHONPATH=src .venv/bin/python benchmarks/paper_real_bench.py            # all four, 200 held out
     PYTHONPATH=src .venv/bin/python benchmarks/paper_real_bench.py --only calc_x \\
         --val-size 16 --max-steps 1 --minutes 3 --tasks-per-step 2 --group-size 4  # a reduced run
+    PYTHONPATH=src .venv/bin/python -m reinforge sft examples/calc_x/config_smollm2.toml  # timed apart
+    PYTHONPATH=src .venv/bin/python benchmarks/paper_real_bench.py --only calc_x --minutes 28
 
 Prints, for each config, `RESULT paper_real_<name> before=<a> after=<b> greedy_before=<c>
 greedy_after=<d> rl_minutes=<m> steps=<n> calls_per_episode=<k>`; before/after read the config's
