@@ -4,22 +4,32 @@ turn with `reinforge train`'s own pieces, held-out figures before and after (sam
     PYTHONPATH=src .venv/bin/python benchmarks/paper_real_bench.py            # all four, 200 held out
     PYTHONPATH=src .venv/bin/python benchmarks/paper_real_bench.py --only calc_x \\
         --val-size 16 --max-steps 1 --minutes 3 --tasks-per-step 2 --group-size 4  # a reduced run
+    PYTHONPATH=src .venv/bin/python -m reinforge sft examples/calc_x/config_smollm2.toml  # timed apart
+    PYTHONPATH=src .venv/bin/python benchmarks/paper_real_bench.py --only calc_x --minutes 28
 
 Prints, for each config, `RESULT paper_real_<name> before=<a> after=<b> greedy_before=<c>
 greedy_after=<d> rl_minutes=<m> steps=<n> calls_per_episode=<k>`; before/after read the config's
-`[report] metric` (success for sql and calc_x, mean answer F1 for rag). No warm start: the configs
-start from the packaged model with demonstrations in the prompt.
+`[report] metric` (success for sql and calc_x, mean answer F1 for rag); calls_per_episode is the
+mean model calls per held-out episode after training (sampled validation). A config with a
+`[warm_start]` section (calc_x) starts RL from its warm start: built first when its folder is missing
+or with `--rebuild-warm-start` (`reinforge sft`'s own code, timed on its own and printed as
+`WARM_START paper_real_<name> minutes=<w> examples=<e> sft_steps=<s> loss=<a>-><b>`), so before is the
+warm-started model. The other configs start from the packaged model with demonstrations in the
+prompt. Each config ends with `MEMORY paper_real_<name> peak_rss_gb=<g>` (this process's peak, and its
+children's).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
+import resource
 import time
 from pathlib import Path
 from typing import Any
 
-from reinforge.training.run_config import load_dataset, load_run_config, resolve_agent
+from reinforge.training.run_config import RunConfig, load_dataset, load_model, load_run_config, resolve_agent
 from reinforge.training.trainer import FitResult, Trainer
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -31,11 +41,52 @@ CONFIGS = {
 }
 
 
-def calls_per_episode(fit: FitResult, episodes_per_step: int) -> float:
-    """Recorded LLM calls per training episode, over the run's steps (nan without a step)."""
-    calls = sum(float(r.get("credit/calls", 0.0)) for r in fit.history if "credit/calls" in r)
-    steps = sum(1 for r in fit.history if "credit/calls" in r)
-    return calls / (steps * episodes_per_step) if steps else math.nan
+def calls_per_episode(fit: FitResult) -> float:
+    """Mean model calls per held-out episode after training (sampled validation; nan if not run).
+
+    Read from the validation episodes (`val/calls`), not from the training steps' `credit/calls`:
+    those count the calls of training episodes, at every policy along the way."""
+    return float(fit.val_after.get("val/calls", math.nan))
+
+
+def result_line(name: str, fit: FitResult, metric: str) -> str:
+    """The `RESULT paper_real_<name> ...` line of one config's run."""
+    before, after = fit.val_before, fit.val_after
+    return (
+        f"RESULT paper_real_{name} before={before.get(f'val/{metric}', math.nan):.3f} "
+        f"after={after.get(f'val/{metric}', math.nan):.3f} "
+        f"greedy_before={before.get(f'val/greedy_{metric}', math.nan):.3f} "
+        f"greedy_after={after.get(f'val/greedy_{metric}', math.nan):.3f} "
+        f"rl_minutes={fit.rl_seconds / 60:.2f} steps={fit.steps} "
+        f"calls_per_episode={calls_per_episode(fit):.2f}"
+    )
+
+
+def warm_start(name: str, cfg: RunConfig, rebuild: bool) -> str | None:
+    """Build the config's warm start when it has one and its folder is missing (or `rebuild`): the
+    `WARM_START` line, else None."""
+    if cfg.warm_start is None:
+        return None
+    from reinforge.training.warm_start import build_warm_start
+
+    out = cfg.warm_start.out_dir(cfg.base_dir)
+    if (out / "config.json").is_file() and not rebuild:
+        print(f"{name}: warm start {out} already built (--rebuild-warm-start builds it again)", flush=True)
+        return None
+    started = time.monotonic()
+    report = asyncio.run(build_warm_start(cfg, recollect=rebuild))
+    return (
+        f"WARM_START paper_real_{name} minutes={(time.monotonic() - started) / 60:.2f} "
+        f"examples={report.examples} sft_steps={report.sft.steps} "
+        f"loss={report.sft.first_loss:.3f}->{report.sft.last_loss:.3f}"
+    )
+
+
+def peak_rss_gb() -> float:
+    """The peak resident memory of this process or of its largest child, in GB (Linux: KiB units)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) * 1024 / 1e9
 
 
 def run_one(name: str, args: argparse.Namespace) -> str:
@@ -52,19 +103,14 @@ def run_one(name: str, args: argparse.Namespace) -> str:
     assert cfg.data.val is not None and cfg.report is not None
     train = load_dataset(cfg.data.train, cfg.base_dir)
     val = load_dataset(cfg.data.val, cfg.base_dir)[: args.val_size]
-    trainer = Trainer(cfg.model.path, algorithm=algorithm, credit=cfg.credit, config=cfg.trainer)
+    built = warm_start(name, cfg, args.rebuild_warm_start)
+    if built is not None:
+        print(built, flush=True)
+    model, tokenizer = load_model(cfg)  # relative paths start at the config's folder
+    trainer = Trainer(model, tokenizer, algorithm=algorithm, credit=cfg.credit, config=cfg.trainer)
     fit = trainer.fit(resolve_agent(cfg), train, val)
     metric = "success" if cfg.report.metric.endswith("success") else "reward"
-    before, after = fit.val_before, fit.val_after
-    episodes = cfg.trainer.rollouts.tasks_per_step * int(getattr(algorithm, "group_size", 1))
-    return (
-        f"RESULT paper_real_{name} before={before.get(f'val/{metric}', math.nan):.3f} "
-        f"after={after.get(f'val/{metric}', math.nan):.3f} "
-        f"greedy_before={before.get(f'val/greedy_{metric}', math.nan):.3f} "
-        f"greedy_after={after.get(f'val/greedy_{metric}', math.nan):.3f} "
-        f"rl_minutes={fit.rl_seconds / 60:.2f} steps={fit.steps} "
-        f"calls_per_episode={calls_per_episode(fit, episodes):.2f}"
-    )
+    return result_line(name, fit, metric)
 
 
 def main() -> None:
@@ -78,12 +124,16 @@ def main() -> None:
     parser.add_argument("--tasks-per-step", type=int, default=None)
     parser.add_argument("--group-size", type=int, default=None)
     parser.add_argument("--run-root", default="runs/paper-real")
+    parser.add_argument(
+        "--rebuild-warm-start", action="store_true", help="record and train the warm starts again"
+    )
     args = parser.parse_args()
     for name in args.only:
         started = time.monotonic()
         line = run_one(name, args)
         print(f"{name}: {time.monotonic() - started:.0f}s in all", flush=True)
         print(line, flush=True)
+        print(f"MEMORY paper_real_{name} peak_rss_gb={peak_rss_gb():.2f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,10 @@ from reinforge.training.sft import (
     SftExample,
     _collate,
     length_grouped_batches,
+    masked_lm_loss,
     render_conversation,
+    shared_prefix_length,
+    shared_prefix_loss,
     supervised_finetune,
 )
 from reinforge.training.sft_rewrite import RewritingExamples, mask_segments
@@ -212,3 +215,41 @@ def test_supervised_finetune_draws_each_batch_through_augment(tokenizer: Any) ->
 
     supervised_finetune(model, examples, SftConfig(steps=3, batch_size=2, threads=1), augment=augment)
     assert len(drawn) == 6
+
+
+def test_shared_prefix_loss_equals_the_plain_loss_and_trains(tokenizer: Any) -> None:
+    """The prefix run once gives the very loss and gradient of the full examples."""
+    model = small_model(tokenizer).eval()
+    system = {"role": "system", "content": "You compute. " * 20}  # the long context all examples share
+    traces = synthetic_traces(generate_tasks("train", 6, seed=3), seed=3)
+    examples = [render_conversation(tokenizer, [system, *t], [CALCULATOR_TOOL]) for t in traces]
+    length = shared_prefix_length(examples)
+    assert length > 40 and all(ex.input_ids[:length] == examples[0].input_ids[:length] for ex in examples)
+    assert all(1 not in ex.loss_mask[: length + 1] for ex in examples)
+    device = torch.device("cpu")
+    plain = masked_lm_loss(model, *_collate(examples, 0, device))
+    plain.backward()
+    plain_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    shared = shared_prefix_loss(model, examples, 0, device)
+    shared.backward()
+    shared_grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    assert float(shared.detach()) == pytest.approx(float(plain.detach()), rel=1e-4)
+    assert len(shared_grads) == len(plain_grads)
+    for a, b in zip(shared_grads, plain_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-5)
+    # One example alone: its whole context up to the token before the first trained one.
+    (alone,) = examples[:1]
+    assert shared_prefix_length([alone]) == alone.loss_mask.index(1) - 1
+
+    report = supervised_finetune(
+        model,
+        examples,
+        SftConfig(steps=8, batch_size=6, learning_rate=3e-3, warmup_steps=0, shared_prefix=True),
+    )
+    with torch.no_grad():
+        after = masked_lm_loss(model, *_collate(examples, 0, device))
+    assert float(after) < float(plain.detach()) and report.steps == 8
+    with pytest.raises(InvalidRequestError, match="prompt_loss_weight"):
+        supervised_finetune(model, examples, SftConfig(steps=1, shared_prefix=True, prompt_loss_weight=0.5))

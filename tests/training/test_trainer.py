@@ -66,8 +66,17 @@ def test_fit_trains_publishes_and_records_everything(tokenizer: Any, tmp_path: P
     for r in steps:
         assert r["train/rollouts"] == 8 and r["credit/transitions"] == 8 and r["tokens"] > 0
         assert 0.0 <= r["train/reward"] <= 1.0
-    keys = {"val/success", "val/reward", "val/greedy_success", "val/greedy_reward"}
+    keys = {
+        "val/success",
+        "val/reward",
+        "val/calls",
+        "val/greedy_success",
+        "val/greedy_reward",
+        "val/greedy_calls",
+    }
     assert set(result.val_before) == keys == set(result.val_after)
+    # The parity agent makes one model call per episode: calls per held-out episode, not per step.
+    assert result.val_before["val/calls"] == result.val_after["val/greedy_calls"] == 1.0
     # The parity reward is 0 or 1: the mean reward is the success rate.
     assert result.val_after["val/reward"] == pytest.approx(result.val_after["val/success"])
     assert (tmp_path / "metrics.jsonl").is_file() and (tmp_path / "reward_curve.png").is_file()
@@ -343,7 +352,14 @@ def test_the_engine_can_run_in_its_own_process(tokenizer: Any, tmp_path: Path) -
     result = trainer.fit(parity_agent, TRAIN, VAL)
     steps = [r for r in result.history if "train/reward" in r]
     assert [r["policy_version"] for r in steps] == [1, 2, 3]
-    assert set(result.val_after) == {"val/success", "val/reward", "val/greedy_success", "val/greedy_reward"}
+    assert set(result.val_after) == {
+        "val/success",
+        "val/reward",
+        "val/calls",
+        "val/greedy_success",
+        "val/greedy_reward",
+        "val/greedy_calls",
+    }
     by_status, calls = asyncio.run(_store_snapshot(tmp_path))
     assert by_status["succeeded"] == 24 + 2 * 2 * len(VAL)  # training, and validation before and after
     versions = _versions_by_step(calls)

@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from reinforge import semconv
 from reinforge.credit import CreditConfig, CreditMetrics, build_transitions
 from reinforge.inference.run_sampling import SAMPLING_RESOURCE, RunSampling
 from reinforge.stack.settings import MODEL_NAME
@@ -263,6 +264,31 @@ def success_rate(rollouts: Sequence[Rollout], threshold: float = 1.0) -> float:
         if r.status == RolloutStatus.succeeded and r.reward is not None and r.reward >= threshold
     )
     return hits / len(rollouts)
+
+
+async def mean_llm_calls(store: Store, rollouts: Sequence[Rollout]) -> float:
+    """Model calls per rollout, averaged over `rollouts` (0.0 for none): each rollout's calls are its
+    LLM spans of the attempt that reported last (a retried rollout's earlier try does not count)."""
+    if not rollouts:
+        return 0.0
+    total = 0
+    ids = [r.rollout_id for r in rollouts]
+    for start in range(0, len(ids), _READS_AT_ONCE):
+        chunk = ids[start : start + _READS_AT_ONCE]
+        by_attempt: dict[str, dict[str, int]] = {i: {} for i in chunk}
+        last: dict[str, str] = {}
+        offset: int | None = 0
+        while offset is not None:
+            page = await store.query_spans(
+                SpanQuery(rollout_ids=chunk, name=semconv.SPAN_LLM_CALL, limit=MAX_PAGE_SIZE, offset=offset)
+            )
+            for span in page.items:
+                counts = by_attempt[span.rollout_id]
+                counts[span.attempt_id] = counts.get(span.attempt_id, 0) + 1
+                last[span.rollout_id] = span.attempt_id
+            offset = page.next_offset
+        total += sum(by_attempt[i].get(last[i], 0) for i in chunk if i in last)
+    return total / len(rollouts)
 
 
 def mean_reward(rollouts: Sequence[Rollout]) -> float:

@@ -108,6 +108,10 @@ class WarmStartSection(BaseModel):
             that the model learns to copy names rather than learn them by heart. None: as recorded.
         concurrency / processes / max_tokens: how the collection runs the agent (`processes` > 0:
             in that many runner children, each `concurrency` at once).
+        compact_json: the policy's tool calls are written `{"name":"f","arguments":{...}}` (True, as
+            reinforge's own chat template renders them) or `{"name": "f", "arguments": ...}` (False,
+            as the default tool form of a template without tools renders a call in the prompt, e.g.
+            SmolLM2's demonstrations); arguments given as a string go in as they are either way.
         sft: the supervised run's settings.
     """
 
@@ -124,6 +128,7 @@ class WarmStartSection(BaseModel):
     concurrency: int = Field(default=64, ge=1)
     processes: int = Field(default=0, ge=0)
     max_tokens: int = Field(default=96, ge=1)
+    compact_json: bool = True
     sft: SftConfig = Field(default_factory=SftConfig)
 
     def store_url(self, base_dir: Path) -> str:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from reinforge.errors import InvalidRequestError
 from reinforge.training.device import native_bfloat16
@@ -46,6 +47,12 @@ class SftConfig(BaseModel):
     zero the model also learns to predict its prompts, where a schema or a page repeats its names:
     copy practice that the replies alone give slowly (docs/experiments.md: sql names spelt like held-out
     names)."""
+    shared_prefix: bool = False
+    """Run the context that every example of a batch starts with (a system prompt, demonstration
+    dialogues) through the model once per step and each example's own tokens on top of its keys and
+    values (as `algorithms.shared_prefix` does for RL's groups): the same loss and gradient (the
+    gradient reaches the prefix through its cache), at a fraction of the tokens when a long prompt
+    is shared. Needs `prompt_loss_weight = 0`."""
     dtype: Literal["float32", "bfloat16", "auto"] = "float32"
     """`bfloat16` runs the forward and backward passes under bfloat16 autocast while the weights and
     the optimizer stay in float32: faster where the CPU has bfloat16 matrix units (AMX, AVX512-BF16)
@@ -140,13 +147,59 @@ def masked_lm_loss(
     model: PreTrainedModel, ids: torch.Tensor, attention: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
     """Mean next-token cross-entropy over the positions whose mask is 1."""
-    logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1].float()
+    return _next_token_loss(model(input_ids=ids, attention_mask=attention).logits, ids, mask)
+
+
+def _next_token_loss(logits: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    logits = logits[:, :-1].float()
     targets = ids[:, 1:]
     weights = mask[:, 1:]
     losses = torch.nn.functional.cross_entropy(
         logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none"
     ).view_as(weights)
     return (losses * weights).sum() / weights.sum().clamp(min=1.0)
+
+
+def shared_prefix_length(batch: Sequence[SftExample]) -> int:
+    """How many leading tokens every example of `batch` has in common, stopping short of the token
+    before the first trained one (that position's logits predict a trained token)."""
+    first = batch[0].input_ids
+    common = 0
+    for i in range(min(len(ex.input_ids) for ex in batch)):
+        if any(ex.input_ids[i] != first[i] for ex in batch):
+            break
+        common += 1
+    trained_from = min(ex.loss_mask.index(1) if 1 in ex.loss_mask else len(ex.loss_mask) for ex in batch)
+    return max(0, min(common, trained_from - 1))
+
+
+def shared_prefix_loss(
+    model: PreTrainedModel, batch: Sequence[SftExample], pad_id: int, device: torch.device
+) -> torch.Tensor:
+    """`masked_lm_loss` of `batch`, the common prefix run once (`SftConfig.shared_prefix`); a model
+    whose cache is not a plain growing KV cache gets the ordinary forward."""
+    length = shared_prefix_length(batch)
+    if length == 0:
+        return masked_lm_loss(model, *_collate(batch, pad_id, device))
+    prefix = torch.tensor([batch[0].input_ids[:length]], dtype=torch.long, device=device)
+    cache = getattr(model(input_ids=prefix, use_cache=True), "cache", None)
+    if not isinstance(cache, DynamicCache) or not all(type(layer) is DynamicLayer for layer in cache.layers):
+        return masked_lm_loss(model, *_collate(batch, pad_id, device))
+    cache.batch_repeat_interleave(len(batch))
+    rest = [SftExample(input_ids=ex.input_ids[length:], loss_mask=ex.loss_mask[length:]) for ex in batch]
+    ids, attention, mask = _collate(rest, pad_id, device)
+    seen = torch.ones((len(batch), length), dtype=attention.dtype, device=device)
+    positions = (torch.arange(ids.shape[1], device=device) + length).expand(len(batch), -1)
+    out = model(
+        input_ids=ids,
+        attention_mask=torch.cat([seen, attention], dim=1),
+        position_ids=positions,
+        cache=cache,
+        use_cache=True,
+    )
+    # The prefix's last position predicts the first token after it, which carries no loss (by
+    # `shared_prefix_length`), so the suffix's own logits are every prediction that counts.
+    return _next_token_loss(out.logits, ids, mask)
 
 
 def _lr_factor(step: int, config: SftConfig) -> float:
@@ -200,6 +253,8 @@ def supervised_finetune(
     config = config or SftConfig()
     if not examples:
         raise InvalidRequestError("supervised_finetune needs at least one example")
+    if config.shared_prefix and config.prompt_loss_weight:
+        raise InvalidRequestError("shared_prefix trains no context tokens: set prompt_loss_weight = 0")
     rng = random.Random(config.seed)
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay
@@ -225,7 +280,10 @@ def supervised_finetune(
             if augment is not None:
                 batch = [augment(ex, rng) for ex in batch]
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bfloat16):
-                loss = masked_lm_loss(model, *_collate(batch, pad_id, device, config.prompt_loss_weight))
+                if config.shared_prefix:
+                    loss = shared_prefix_loss(model, batch, pad_id, device)
+                else:
+                    loss = masked_lm_loss(model, *_collate(batch, pad_id, device, config.prompt_loss_weight))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

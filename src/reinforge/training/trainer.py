@@ -57,6 +57,7 @@ from reinforge.training.rollouts import (
     attempt_resources,
     cancel_unfinished,
     finish_and_collect,
+    mean_llm_calls,
     mean_reward,
     rollout_specs,
     run_rollouts,
@@ -509,8 +510,9 @@ class Trainer:
         return measured
 
     async def _validate(self, run: _Run, tag: str) -> dict[str, float]:
-        """Held-out success and mean reward, sampled at the training temperature and (optionally)
-        greedy: success counts rewards of 1, the mean reward is what a graded reward (an F1) shows."""
+        """Held-out success, mean reward and model calls per episode, sampled at the training
+        temperature and (optionally) greedy: success counts rewards of 1, the mean reward is what a
+        graded reward (an F1) shows, `val/calls` how many LLM calls an episode made."""
         if not run.val:
             return {}
         cfg = self.config
@@ -531,6 +533,7 @@ class Trainer:
             rollouts = await run.stack.watch(run_rollouts(run.store, specs, cfg.rollouts.step_timeout_s))
             out[key] = success_rate(rollouts)
             out[key.replace("success", "reward")] = mean_reward(rollouts)
+            out[key.replace("success", "calls")] = await mean_llm_calls(run.store, rollouts)
         return out
 
     def _checkpoint(self, run: _Run, rl_seconds: float) -> None:

@@ -98,7 +98,7 @@ async def build_warm_start(
                 )
             policy = load_callable(ws.policy, config.base_dir, what="policy")
             tasks = load_dataset(config.data.train, config.base_dir)
-            backend = ScriptedBackend(tokenizer, policy, model_name=MODEL_NAME, compact_json=True)
+            backend = ScriptedBackend(tokenizer, policy, model_name=MODEL_NAME, compact_json=ws.compact_json)
             collected = await collect_traces(
                 resolve_agent(config),
                 tasks[: ws.tasks] if ws.tasks else tasks,
