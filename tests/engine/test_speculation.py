@@ -17,7 +17,7 @@ from peft import LoraConfig, get_peft_model
 from transformers import PreTrainedTokenizerFast
 
 from reinforge.engine import Engine, EngineOutput
-from reinforge.engine.speculation import NgramDrafter
+from reinforge.engine.speculation import NgramDrafter, share_rows
 from reinforge.errors import InvalidRequestError
 from reinforge.inference.contract import SamplingParams
 
@@ -25,6 +25,8 @@ from .conftest import prompts
 from .test_role_adapters import TARGETS, adapter_state, randomize
 
 DRAFTS = 4
+ROWS = 64
+"""Drafts for every sequence of these tests' batches (a real engine drafts only while a forward is cheap)."""
 
 
 def looping_prompts(tokenizer: PreTrainedTokenizerFast, count: int) -> list[list[int]]:
@@ -51,7 +53,7 @@ async def run_both(
     results = []
     stats: dict[str, int] = {}
     for drafts in (0, DRAFTS):
-        engine = make_engine(model, tokenizer, speculative_ngram=drafts, **kwargs)
+        engine = make_engine(model, tokenizer, speculative_ngram=drafts, speculative_rows=ROWS, **kwargs)
 
         async def one(
             i: int, prompt: list[int], params: SamplingParams, engine: Engine = engine
@@ -81,15 +83,22 @@ def test_the_drafter_proposes_what_followed_the_latest_longest_match() -> None:
     history = [1, 2, 3, 4, 5, 9, 2, 3, 7, 8, 1, 2, 3]
     drafter = NgramDrafter(max_n=3, min_n=1)
     # [1, 2, 3] occurred at 0 only (followed by 4 5 9 ...), though [2, 3] occurred later.
-    assert drafter.propose(history, 3) == [4, 5, 9]
+    assert drafter.propose(history, 3) == ([4, 5, 9], 3)
     # [6, 2, 3] never occurred; [2, 3] last did at the old end, followed by the 4 6 added since.
-    assert drafter.propose([*history, 4, 6, 2, 3], 2) == [4, 6]
-    assert drafter.propose([*history, 4, 6, 2, 3, 42], 4) == []  # 42 never occurred before
+    assert drafter.propose([*history, 4, 6, 2, 3], 2) == ([4, 6], 2)
+    assert drafter.propose([*history, 4, 6, 2, 3, 42], 4) == ([], 0)  # 42 never occurred before
     fresh = NgramDrafter(max_n=3, min_n=1)
-    assert fresh.propose([*history, 4, 6, 9, 2, 3], 2) == [7, 8]  # [9, 2, 3] occurred, followed by 7
-    assert NgramDrafter().propose([5, 5], 4) == [5]  # only what is known: the history's end
-    assert NgramDrafter(max_n=3, min_n=2).propose([1, 2, 1], 4) == []  # one token matches too little
-    assert NgramDrafter().propose([1, 2, 1], 0) == []
+    assert fresh.propose([*history, 4, 6, 9, 2, 3], 2) == ([7, 8], 3)  # [9, 2, 3] occurred, then 7
+    assert NgramDrafter().propose([5, 5], 4) == ([5], 1)  # only what is known: the history's end
+    assert NgramDrafter(max_n=3, min_n=2).propose([1, 2, 1], 4) == ([], 0)  # one token matches too little
+    assert NgramDrafter().propose([1, 2, 1], 0) == ([], 0)
+
+
+def test_drafts_fill_the_cheap_rows_longest_matches_first() -> None:
+    proposals = [([1, 2, 3], 1), ([4, 5, 6, 7], 3), ([], 0), ([8, 9], 2)]
+    assert share_rows(proposals, 20) == [[1, 2, 3], [4, 5, 6, 7], [], [8, 9]]
+    assert share_rows(proposals, 5) == [[], [4, 5, 6, 7], [], [8]]
+    assert share_rows(proposals, 0) == [[], [], [], []]
 
 
 def test_the_drafter_indexes_a_growing_history_as_a_fresh_one_would() -> None:
@@ -330,6 +339,25 @@ async def test_max_tokens_caps_the_drafts(
     assert runner.verified == [[[20, 21, 22]]]
 
 
+async def test_a_batch_that_fills_the_cheap_rows_gets_no_drafts(
+    llama: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, make_engine: Callable[..., Engine]
+) -> None:
+    vocab = len(tokenizer)
+    table = torch.full((vocab, vocab), -30.0)
+    for t in range(20, 30):
+        table[t, t + 1 if t < 29 else 20] = 0.0
+    engine, runner = table_engine(make_engine, llama, tokenizer, table, speculative_rows=6)
+    params = SamplingParams(temperature=0.0, max_tokens=12)
+    outs = await asyncio.gather(*(engine.generate(list(range(20, 30)) * 2, params) for _ in range(3)))
+    assert all(o.token_ids == [20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 20, 21] for o in outs)
+    # Three rows and three drafts fill the six rows (the first sequence's, on a tie of match lengths).
+    assert all(sum(map(len, feeds)) <= 6 for feeds in runner.verified)
+    assert runner.verified[0] == [[20, 21, 22, 23], [20], [20]]
+    full, runner = table_engine(make_engine, llama, tokenizer, table, speculative_rows=3)
+    assert await asyncio.gather(*(full.generate(list(range(20, 30)) * 2, params) for _ in range(3))) == outs
+    assert full.stats()["draft_tokens"] == 0 and not runner.verified
+
+
 async def test_unseeded_samples_follow_the_models_distribution(
     llama: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, make_engine: Callable[..., Engine]
 ) -> None:
@@ -342,7 +370,9 @@ async def test_unseeded_samples_follow_the_models_distribution(
     for i, s in enumerate(states):
         table[s, states] = probs[i].log()
     table[:, eos] = -1e4
-    engine, _ = table_engine(make_engine, llama, tokenizer, table, max_batch_size=64, seed=0)
+    engine, _ = table_engine(
+        make_engine, llama, tokenizer, table, max_batch_size=64, speculative_rows=512, seed=0
+    )
     prompt = [40, 41, 42, 40, 40, 42, 41, 41, 42, 42, 40, 41]
     samples = 3000
     params = SamplingParams(temperature=1.0, max_tokens=3)

@@ -45,7 +45,7 @@ from reinforge.engine.model_runner import ModelRunner, SlotCacheRunner, make_run
 from reinforge.engine.prefix_reuse import RetainedCache, RetainedCaches, plan_prefill, prefill_groups
 from reinforge.engine.sampling import RowParams, sample
 from reinforge.engine.sequence import EngineFinishReason, EngineSequence
-from reinforge.engine.speculation import NgramDrafter
+from reinforge.engine.speculation import CHEAP_ROWS, CHEAP_ROWS_ACCELERATOR, NgramDrafter, share_rows
 from reinforge.engine.weights import WeightsSource, apply_state_dict, check_state_dict, read_state_dict
 from reinforge.errors import InvalidRequestError, PromptTooLongError
 from reinforge.inference.contract import SamplingParams
@@ -105,6 +105,9 @@ class Engine:
     speculative_ngram: the most draft tokens a sequence feeds per step (prompt lookup,
         `reinforge.engine.speculation`; 0 turns speculation off). Outputs, logprobs and seeded samples
         are what the engine gives without it; only the number of forwards changes.
+    speculative_rows: the most tokens (running sequences and drafts together) a forward takes while
+        drafts are added; None: the device's `speculation.CHEAP_ROWS`, below which a forward costs
+        about the same however many it takes. A batch this large gets no drafts.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class Engine:
         retain_prefixes: bool = True,
         seed: int | None = None,
         speculative_ngram: int = 0,
+        speculative_rows: int | None = None,
     ) -> None:
         config = getattr(model, "config", None)
         limit = int(getattr(config, "max_position_embeddings", 0) or 2048)
@@ -141,6 +145,8 @@ class Engine:
         if speculative_ngram < 0:
             raise InvalidRequestError(f"speculative_ngram must be >= 0; got {speculative_ngram}")
         self.speculative_ngram = speculative_ngram
+        device = next(model.parameters()).device.type
+        self.speculative_rows = speculative_rows or CHEAP_ROWS.get(device, CHEAP_ROWS_ACCELERATOR)
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self._grammars = GrammarCompiler(tokenizer, self.eos_token_ids)
         self._version = policy_version
@@ -549,14 +555,19 @@ class Engine:
 
     def _drafts(self, running: list[EngineSequence]) -> list[list[int]]:
         """Each sequence's draft tokens: what followed the last occurrence of its latest tokens in its
-        own context, no more than could still be kept (its token budget; the context's end)."""
-        drafts = []
+        own context, no more than could still be kept (its token budget; the context's end), and only
+        while the forward stays cheap (`speculation.CHEAP_ROWS`): a large batch already fills it, and
+        there a draft costs about what a decoded token does, while most are rejected."""
+        room = self.speculative_rows - len(running)
+        if room <= 0:
+            return []
+        proposals = []
         for seq in running:
             limit = min(self.speculative_ngram, seq.max_new - len(seq.tokens) - 1)
             if seq.drafter is None:
                 seq.drafter = NgramDrafter()
-            drafts.append(seq.drafter.propose(seq.prompt + seq.tokens, limit) if limit > 0 else [])
-        return drafts
+            proposals.append(seq.drafter.propose(seq.prompt + seq.tokens, limit))
+        return share_rows(proposals, room)
 
     def _speculate(
         self, drafts: list[list[int]], events: list[tuple[EngineSequence, tuple[str, Any]]]
