@@ -89,9 +89,9 @@ def test_the_drafter_proposes_what_followed_the_latest_longest_match() -> None:
     assert drafter.propose([*history, 4, 6, 2, 3, 42], 4) == ([], 0)  # 42 never occurred before
     fresh = NgramDrafter(max_n=3, min_n=1)
     assert fresh.propose([*history, 4, 6, 9, 2, 3], 2) == ([7, 8], 3)  # [9, 2, 3] occurred, then 7
-    assert NgramDrafter().propose([5, 5], 4) == ([5], 1)  # only what is known: the history's end
-    assert NgramDrafter(max_n=3, min_n=2).propose([1, 2, 1], 4) == ([], 0)  # one token matches too little
-    assert NgramDrafter().propose([1, 2, 1], 0) == ([], 0)
+    assert NgramDrafter(min_n=1).propose([5, 5], 4) == ([5], 1)  # only what is known: the history's end
+    assert NgramDrafter().propose([1, 2, 1], 4) == ([], 0)  # by default one token matches too little
+    assert NgramDrafter().propose([1, 2, 1, 2], 0) == ([], 0)
 
 
 def test_drafts_fill_the_cheap_rows_longest_matches_first() -> None:
@@ -318,8 +318,8 @@ async def test_an_end_of_sequence_inside_an_accepted_draft_ends_the_sequence_the
     for last, nxt in {y: a, a: b, b: c, c: eos, eos: x}.items():
         table[last, nxt] = 0.0
     engine, runner = table_engine(make_engine, llama, tokenizer, table)
-    # The prompt already holds "a b c EOS x" (a previous turn): after `a` the drafter proposes b c EOS x.
-    out = await engine.generate([a, b, c, eos, x, y], SamplingParams(temperature=0.0, max_tokens=20))
+    # The prompt already holds "y a b c EOS x" (a previous turn): after `y a` the drafter proposes b c EOS x.
+    out = await engine.generate([y, a, b, c, eos, x, y], SamplingParams(temperature=0.0, max_tokens=20))
     assert out.token_ids == [a, b, c, eos] and out.finish_reason == "stop"
     assert runner.verified == [[[a, b, c, eos, x]]]  # one forward: three drafts kept, then the stop
     assert engine.stats()["draft_accepted"] == 3
@@ -373,7 +373,7 @@ async def test_unseeded_samples_follow_the_models_distribution(
     engine, _ = table_engine(
         make_engine, llama, tokenizer, table, max_batch_size=64, speculative_rows=512, seed=0
     )
-    prompt = [40, 41, 42, 40, 40, 42, 41, 41, 42, 42, 40, 41]
+    prompt = [40, 41, 42, 40, 40, 42, 41, 41, 40, 42, 42, 40, 41]
     samples = 3000
     params = SamplingParams(temperature=1.0, max_tokens=3)
     outs = await asyncio.gather(*(engine.generate(prompt, params) for _ in range(samples)))
