@@ -14,14 +14,20 @@ from typing import Any
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
-from transformers import PreTrainedTokenizerFast
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
+)
 
 from reinforge.engine import Engine, EngineOutput
 from reinforge.engine.speculation import NgramDrafter, share_rows
 from reinforge.errors import InvalidRequestError
 from reinforge.inference.contract import SamplingParams
 
-from .conftest import prompts
+from .conftest import diversify, prompts
 from .test_role_adapters import TARGETS, adapter_state, randomize
 
 DRAFTS = 4
@@ -159,6 +165,40 @@ async def test_cpu_rows_sharing_a_long_prefix_verify_with_cascade_attention(
     plain, fast, stats = await run_both(make_engine, model, tokenizer, requests, max_batch_size=9)
     assert_same(plain, fast)
     assert stats["draft_accepted"] > 0 and stats["prefix_cached_tokens"] > 0
+
+
+@pytest.mark.parametrize("family", ["gpt2", "mistral"])
+async def test_cpu_the_recompute_runner_and_sliding_windows_speculate_exactly(
+    family: str, tokenizer: PreTrainedTokenizerFast, make_engine: Callable[..., Engine]
+) -> None:
+    """GPT-2 runs on the recompute runner (no cache: it verifies by recomputing); Mistral's sliding
+    window of 16 positions masks the verify forward's older keys, with and without a cascade."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        if family == "gpt2":
+            config: Any = GPT2Config(
+                vocab_size=len(tokenizer), n_embd=64, n_layer=2, n_head=4, n_positions=512
+            )
+            model: torch.nn.Module = GPT2LMHeadModel(config)
+        else:
+            config = MistralConfig(
+                vocab_size=len(tokenizer),
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                sliding_window=16,
+                max_position_embeddings=1024,
+            )
+            model = MistralForCausalLM(config)
+        model = diversify(model.eval(), seed=7)
+    system = [t for p in looping_prompts(tokenizer, 3) for t in p]
+    batch = looping_prompts(tokenizer, 4) + [system + p for p in looping_prompts(tokenizer, 4)]
+    requests = [(p, SamplingParams(temperature=0.0, max_tokens=10 + 3 * i)) for i, p in enumerate(batch)]
+    plain, fast, stats = await run_both(make_engine, model, tokenizer, requests, max_batch_size=4)
+    assert_same(plain, fast)
+    assert stats["draft_accepted"] > 0
 
 
 async def test_cpu_stop_strings_and_stop_tokens_end_where_they_do_without_drafts(
