@@ -248,6 +248,18 @@ async def test_cpu_seeded_samples_and_shaped_rows_equal_plain_decoding(
     assert stats["draft_accepted"] > 0
 
 
+async def test_cpu_a_grammar_sees_every_token_taken_before_each_position(
+    llama: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, make_engine: Callable[..., Engine]
+) -> None:
+    grammar = 'start: ("It is " NUMBER ". ")+ "What"\nNUMBER: /[0-9]{1,2}/'
+    batch = looping_prompts(tokenizer, 6)
+    requests = [(p, SamplingParams(temperature=0.0, max_tokens=30, grammar=grammar)) for p in batch]
+    plain, fast, stats = await run_both(make_engine, llama, tokenizer, requests, max_batch_size=6)
+    assert_same(plain, fast)
+    assert all(o.text.startswith("It is") for o in fast), [o.text for o in fast]
+    assert stats["draft_accepted"] > 0
+
+
 async def test_cpu_streams_get_every_token_once(
     llama: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, make_engine: Callable[..., Engine]
 ) -> None:
