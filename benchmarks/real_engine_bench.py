@@ -7,7 +7,9 @@ of turn suppressed on both sides so every request generates all 64). In one run:
 
 1. HF `generate` on the 32 requests as one left-padded batch (the way a user batches them);
 2. `reinforge.engine.Engine` with the 32 requests in flight (continuous batching, prefix reuse: the
-   system prompt is computed once and copied; cascade decode: it is read once per step for all rows);
+   system prompt is computed once and copied; cascade decode: it is read once per step for all rows;
+   speculative decoding from each request's own context, `--speculative-ngram 4`, which drafts nothing
+   while 32 rows already fill a forward: docs/engine.md, "Speculative decoding");
 3. llama.cpp on the same GGUF (its own 4-bit weights, one request at a time) as a reference row, when
    `llama_cpp` imports; in a child process, since multi-token batches crash it on some CPUs (it runs
    with n_batch=1).
@@ -95,8 +97,8 @@ def parse_args(argv: list[str] | None = None, **defaults: Any) -> argparse.Names
     p.add_argument(
         "--speculative-ngram",
         type=int,
-        default=None,
-        help="the engine's draft tokens per step from prompt lookup (0: off; default: the engine's default)",
+        default=4,
+        help="draft tokens per step from prompt lookup (0: off); 32 rows get none (docs/engine.md)",
     )
     p.add_argument("--quick", action="store_true", help="8 requests of 16 new tokens, no llama.cpp row")
     p.set_defaults(**defaults)
