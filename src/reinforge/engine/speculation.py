@@ -16,19 +16,18 @@ from __future__ import annotations
 NGRAM_MAX = 3
 """The longest suffix looked up: a longer match predicts better, and is tried first."""
 NGRAM_MIN = 2
-"""The shortest suffix looked up. One token matches too often to predict well: on the real-model
-benchmark's agent replies the token after a 1-token match was right 13% of the time, after a 2-token
-match 42%, after a 3-token match 96% (docs/engine.md, "Speculative decoding")."""
+"""The shortest suffix looked up: a single token matches too often to predict what follows (on agent
+replies a 1-token match was right far less often than a 2-token one; docs/engine.md, "Speculative
+decoding"), and a wrong draft costs compute."""
 
 CHEAP_ROWS = {"cpu": 16}
 """Tokens one forward can take, per device type, before each more costs about what a decoded token
 does: below it a forward is bound by reading the weights and the per-layer overhead, above it by the
-matmuls. Drafts only fill a verify forward up to this (docs/engine.md, "Speculative decoding"):
-on CPU, SmolLM2-135M's forward took 35 ms for 1 token, 41 ms for 5 and 48 ms for 8, but 110 ms for 32
-and 211 ms for 64, where a draft that is rejected 3 times in 4 only costs."""
+matmuls, where a draft that is mostly rejected only costs. Drafts only fill a verify forward up to
+this (measured: docs/engine.md, "Speculative decoding")."""
 CHEAP_ROWS_ACCELERATOR = 256
-"""The same on a GPU, where a forward of a few hundred tokens costs about what one does (not measured
-on this project's machines)."""
+"""The same on a GPU, where a forward of a few hundred tokens costs about what one does (a guess: not
+measured on this project's machines)."""
 
 
 class NgramDrafter:
