@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import random
 import time
 from dataclasses import dataclass
@@ -85,6 +86,12 @@ def parse_args(argv: list[str] | None = None, **defaults: Any) -> argparse.Names
     ap.add_argument("--min-new", type=int, default=16)
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument(
+        "--speculative-ngram",
+        type=int,
+        default=None,
+        help="the engine's draft tokens per step (default: its own)",
+    )
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 64])
     ap.add_argument("--rounds", type=int, default=2, help="alternating rounds at concurrency 64")
     ap.set_defaults(**defaults)
@@ -182,9 +189,17 @@ def run_hf(model: torch.nn.Module, tok: Any, requests: list[Request], c: int, de
     return Run(sum(map(len, outputs)), seconds, cpu, outputs, work_flops(model, requests, outputs))
 
 
-def run_engine(model: torch.nn.Module, tok: Any, requests: list[Request], c: int, device: str) -> Run:
+def run_engine(
+    model: torch.nn.Module,
+    tok: Any,
+    requests: list[Request],
+    c: int,
+    device: str,
+    speculative_ngram: int | None = None,
+) -> Run:
     async def go() -> tuple[list[list[int]], float, float, int]:
-        engine = Engine(model, tok, max_batch_size=max(c, 1))
+        options = {} if speculative_ngram is None else {"speculative_ngram": speculative_ngram}
+        engine = Engine(model, tok, max_batch_size=max(c, 1), **options)  # type: ignore[arg-type]
         engine.start()
         gate = asyncio.Semaphore(c)
 
@@ -272,7 +287,8 @@ def main(argv: list[str] | None = None, **defaults: Any) -> None:
         hf_runs: list[Run] = []
         our_runs: list[Run] = []
         for r in range(args.rounds if c == 64 else 1):
-            sides = [(hf_runs, run_hf), (our_runs, run_engine)]
+            engine = functools.partial(run_engine, speculative_ngram=args.speculative_ngram)
+            sides = [(hf_runs, run_hf), (our_runs, engine)]
             for runs, fn in sides if r % 2 == 0 else sides[::-1]:
                 runs.append(fn(model, tok, subset, c, args.device))
         hf, ours = merge(hf_runs), merge(our_runs)

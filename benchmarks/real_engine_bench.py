@@ -7,7 +7,9 @@ of turn suppressed on both sides so every request generates all 64). In one run:
 
 1. HF `generate` on the 32 requests as one left-padded batch (the way a user batches them);
 2. `reinforge.engine.Engine` with the 32 requests in flight (continuous batching, prefix reuse: the
-   system prompt is computed once and copied; cascade decode: it is read once per step for all rows);
+   system prompt is computed once and copied; cascade decode: it is read once per step for all rows;
+   speculative decoding from each request's own context, `--speculative-ngram 4`, which drafts nothing
+   while 32 rows already fill a forward: docs/engine.md, "Speculative decoding");
 3. llama.cpp on the same GGUF (its own 4-bit weights, one request at a time) as a reference row, when
    `llama_cpp` imports; in a child process, since multi-token batches crash it on some CPUs (it runs
    with n_batch=1).
@@ -92,6 +94,12 @@ def parse_args(argv: list[str] | None = None, **defaults: Any) -> argparse.Names
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-hf", action="store_true", help="skip the HF generate baseline (engine figures only)")
     p.add_argument("--llama-cpp-requests", type=int, default=4, help="0 skips the llama.cpp reference row")
+    p.add_argument(
+        "--speculative-ngram",
+        type=int,
+        default=4,
+        help="draft tokens per step from prompt lookup (0: off); 32 rows get none (docs/engine.md)",
+    )
     p.add_argument("--quick", action="store_true", help="8 requests of 16 new tokens, no llama.cpp row")
     p.set_defaults(**defaults)
     args = p.parse_args(argv)
@@ -176,11 +184,21 @@ def run_hf(model: Any, tokenizer: Any, prompts: list[list[int]], new_tokens: int
 
 
 def run_engine(
-    model: Any, tokenizer: Any, prompts: list[list[int]], new_tokens: int, device: str
+    model: Any,
+    tokenizer: Any,
+    prompts: list[list[int]],
+    new_tokens: int,
+    device: str,
+    speculative_ngram: int | None = None,
 ) -> tuple[Run, dict[str, int]]:
     """The prompts in flight at once in a fresh engine (warmed on a short unrelated prompt first)."""
+    options = {} if speculative_ngram is None else {"speculative_ngram": speculative_ngram}
     engine = Engine(
-        model, tokenizer, max_batch_size=len(prompts), max_seq_len=max(map(len, prompts)) + new_tokens
+        model,
+        tokenizer,
+        max_batch_size=len(prompts),
+        max_seq_len=max(map(len, prompts)) + new_tokens,
+        **options,  # type: ignore[arg-type]
     )
     no_eos = {int(t): -100.0 for t in engine.eos_token_ids}
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, logit_bias=no_eos)
@@ -196,7 +214,7 @@ def run_engine(
 
     with engine:
         outputs, seconds = asyncio.run(go())
-        stats = engine.stats()
+        stats = {**engine.stats(), "speculative_ngram": engine.speculative_ngram}
     return Run(outputs, seconds), stats
 
 
@@ -277,10 +295,14 @@ def main(argv: list[str] | None = None, **defaults: Any) -> None:
     bound = peak / (2 * params)
     print(f"fp32 matmul here: {peak / 1e9:.1f} GFLOP/s -> bound {bound:.0f} generated tok/s for this model")
 
-    ours, stats = run_engine(model, tokenizer, prompts, args.new_tokens, args.device)
+    ours, stats = run_engine(model, tokenizer, prompts, args.new_tokens, args.device, args.speculative_ngram)
     print(
         f"engine:       {ours.tokens} tokens in {ours.seconds:6.2f} s = {ours.tok_s:7.1f} tok/s "
         f"({stats['prefix_cached_tokens']} prompt tokens copied, not computed)"
+    )
+    print(
+        f"speculation:  {stats['steps']} decode forwards; {stats['draft_accepted']} of "
+        f"{stats['draft_tokens']} draft tokens accepted (up to {stats['speculative_ngram']} a step)"
     )
     fraction = ours.tok_s / bound
     if not args.no_hf:

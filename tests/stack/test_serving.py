@@ -87,9 +87,10 @@ async def test_the_embedded_engine_serves_a_model_folder(tokenizer: Any, tmp_pat
     folder = tmp_path / "model"
     tiny_model(tokenizer).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    settings = EngineSettings(model_dir=folder, max_batch_size=4, max_seq_len=128)
+    settings = EngineSettings(model_dir=folder, max_batch_size=4, max_seq_len=128, speculative_ngram=3)
     serving = build_serving(settings)
     assert isinstance(serving.backend, EngineBackend) and serving.engine is not None
+    assert serving.engine.speculative_ngram == 3
     assert isinstance(serving.weight_sync, EmbeddedEngineSync)
     async with served(serving) as (stack, store):
         _, attempt = await ask(stack, store)
@@ -154,6 +155,7 @@ async def test_no_model_answers_503_saying_how_to_give_one() -> None:
         ({"backend": "scripted"}, r"goes with engine.backend = 'scripted'"),
         ({"scripted": "r.json"}, r"goes with engine.backend = 'scripted'"),
         ({"backend": "none", "max_seq_len": 64}, r"\['max_seq_len'\] are the embedded engine's"),
+        ({"backend": "none", "speculative_ngram": 4}, r"\['speculative_ngram'\] are the embedded engine's"),
         ({"backend": "sglang", "url": "http://h:1", "model_dir": "m"}, r"\['model_dir'\] are the embedded"),
         ({"url": "http://h:1"}, r"are for backend 'vllm' or 'sglang'"),
         ({"backend": "vllm", "url": "http://h:1", "weights_dir": "w"}, r"must be an absolute path"),

@@ -58,21 +58,39 @@ def cascade_decode(
     keys and values (read from slot 0 only). `q`: `[n, heads, head_dim]`; `k`, `v`: one layer's cache
     `[slots, kv_heads, capacity, head_dim]`; `bias`: `[n, 1, 1, span]` additive mask (0 or -inf)
     over positions `0..span-1`. Returns `[n, heads, head_dim]`."""
-    n, heads, dim = q.shape
+    n = q.shape[0]
+    return cascade_attention(q[:, None], k, v, shared, span, bias.view(n, 1, -1), scale)[:, 0]
+
+
+def cascade_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    shared: int,
+    span: int,
+    bias: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Cascade attention for `width` queries per slot (a decode step: one; a speculative verify: the
+    next token and its drafts). `q`: `[n, width, heads, head_dim]`; `k`, `v` as in `cascade_decode`;
+    `bias`: `[n, width, span]` additive mask. Returns `[n, width, heads, head_dim]`."""
+    n, width, heads, dim = q.shape
     kv = k.shape[1]
     group = heads // kv
-    rows = (q * scale).view(n, kv, group, dim)
-    # Scores are laid out [kv_heads, rows, group, span]: the shared part is then one matrix per KV head
-    # that needs no transposing, on the way in or out.
-    stacked = rows.transpose(0, 1).reshape(kv, n * group, dim)
-    prefix_scores = torch.matmul(stacked, k[0, :, :shared].transpose(1, 2)).view(kv, n, group, shared)
+    # A slot's queries of one KV head are one block of rows: [n, kv, width * group, dim].
+    rows = (q * scale).view(n, width, kv, group, dim).transpose(1, 2).reshape(n, kv, width * group, dim)
+    # Scores are laid out [kv_heads, rows, width * group, span]: the shared part is then one matrix per KV
+    # head that needs no transposing, on the way in or out.
+    stacked = rows.transpose(0, 1).reshape(kv, n * width * group, dim)
+    prefix_scores = torch.matmul(stacked, k[0, :, :shared].transpose(1, 2)).view(kv, n, width * group, shared)
     own_scores = torch.matmul(rows, k[:n, :, shared:span].transpose(2, 3)).transpose(0, 1)
     scores = torch.cat([prefix_scores, own_scores], dim=-1).float()
-    probs = torch.softmax(scores.add_(bias.transpose(0, 1)), dim=-1).to(q.dtype)
+    scores.view(kv, n, width, group, span).add_(bias[:, :, None])
+    probs = torch.softmax(scores, dim=-1).to(q.dtype)
     out = torch.matmul(probs[..., shared:].transpose(0, 1), v[:n, :, shared:span])
-    prefix_probs = probs[..., :shared].reshape(kv, n * group, shared)
-    out += torch.matmul(prefix_probs, v[0, :, :shared]).view(kv, n, group, dim).transpose(0, 1)
-    return out.reshape(n, heads, dim)
+    prefix_probs = probs[..., :shared].reshape(kv, n * width * group, shared)
+    out += torch.matmul(prefix_probs, v[0, :, :shared]).view(kv, n, width * group, dim).transpose(0, 1)
+    return out.view(n, kv, width, group, dim).transpose(1, 2).reshape(n, width, heads, dim)
 
 
 def additive(mask: torch.Tensor) -> torch.Tensor:

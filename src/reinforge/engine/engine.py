@@ -11,7 +11,9 @@ and reads results. Each loop iteration:
    sequence already holds in its cache (rollouts of one task, a conversation going on) copies that KV
    and computes only its new tokens; so does one that starts with tokens of a finished sequence whose
    cache is still retained in a free slot (a conversation's next call, the next rollout of a task);
-4. runs ONE decode forward for every running sequence and samples the next token of each;
+4. runs ONE decode forward for every running sequence and samples the next token of each; with
+   speculation on, a sequence whose last tokens occurred earlier in its context also feeds the tokens
+   that followed them there (drafts), and keeps those the model itself would have produced;
 5. hands each request its new tokens (one callback per event loop per iteration).
 
 Besides the base weights the engine may hold named LoRA adapters (`reinforge.engine.adapters`); a
@@ -23,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -42,6 +45,7 @@ from reinforge.engine.model_runner import ModelRunner, SlotCacheRunner, make_run
 from reinforge.engine.prefix_reuse import RetainedCache, RetainedCaches, plan_prefill, prefill_groups
 from reinforge.engine.sampling import RowParams, sample
 from reinforge.engine.sequence import EngineFinishReason, EngineSequence
+from reinforge.engine.speculation import CHEAP_ROWS, CHEAP_ROWS_ACCELERATOR, NgramDrafter, share_rows
 from reinforge.engine.weights import WeightsSource, apply_state_dict, check_state_dict, read_state_dict
 from reinforge.errors import InvalidRequestError, PromptTooLongError
 from reinforge.inference.contract import SamplingParams
@@ -98,6 +102,12 @@ class Engine:
     retain_prefixes: keep a finished sequence's cache in a free slot (while slots are free) so later
         prompts can copy from it too; it never delays admission nor allocates memory of its own.
     seed: seeds the shared generator used by requests without their own seed.
+    speculative_ngram: the most draft tokens a sequence feeds per step (prompt lookup,
+        `reinforge.engine.speculation`; 0 turns speculation off). Outputs, logprobs and seeded samples
+        are what the engine gives without it; only the number of forwards changes.
+    speculative_rows: the most tokens (running sequences and drafts together) a forward takes while
+        drafts are added; None: the device's `speculation.CHEAP_ROWS`, below which a forward costs
+        about the same however many it takes. A batch this large gets no drafts.
     """
 
     def __init__(
@@ -113,6 +123,8 @@ class Engine:
         prefix_min_tokens: int = 16,
         retain_prefixes: bool = True,
         seed: int | None = None,
+        speculative_ngram: int = 0,
+        speculative_rows: int | None = None,
     ) -> None:
         config = getattr(model, "config", None)
         limit = int(getattr(config, "max_position_embeddings", 0) or 2048)
@@ -130,6 +142,11 @@ class Engine:
         self.prefill_max_tokens = prefill_max_tokens
         self.prefix_min_tokens = prefix_min_tokens
         self.retain_prefixes = retain_prefixes
+        if speculative_ngram < 0:
+            raise InvalidRequestError(f"speculative_ngram must be >= 0; got {speculative_ngram}")
+        self.speculative_ngram = speculative_ngram
+        device = next(model.parameters()).device.type
+        self.speculative_rows = speculative_rows or CHEAP_ROWS.get(device, CHEAP_ROWS_ACCELERATOR)
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self._grammars = GrammarCompiler(tokenizer, self.eos_token_ids)
         self._version = policy_version
@@ -150,6 +167,8 @@ class Engine:
         self._steps = 0
         self._peak_running = 0
         self._prefix_hits = 0
+        self._drafted = 0
+        self._draft_hits = 0
         self._retained = RetainedCaches(prefix_min_tokens)
         self._adapters: dict[str, Adapter] = {}
         self._adapter_served: collections.Counter[str] = collections.Counter()
@@ -174,7 +193,8 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """Counts for monitoring and tests: running sequences, waiting requests, decode steps, prompt
         tokens copied instead of computed (`prefix_cached_tokens`; `prefix_retained_hits` of them from
-        retained caches of finished sequences), the caches retained now (`retained_entries`), and
+        retained caches of finished sequences), the caches retained now (`retained_entries`),
+        draft tokens fed (`draft_tokens`) and kept (`draft_accepted`) by speculation, and
         `adapter_sequences/<name>`: sequences admitted with each adapter ("" for the base)."""
         with self._cond:
             return {
@@ -186,6 +206,8 @@ class Engine:
                 "prefix_retained_hits": self._retained.hits,
                 "retained_entries": len(self._retained.entries),
                 "pending_updates": len(self._updates),
+                "draft_tokens": self._drafted,
+                "draft_accepted": self._draft_hits,
                 **{f"adapter_sequences/{name}": n for name, n in self._adapter_served.items()},
             }
 
@@ -518,6 +540,10 @@ class Engine:
     def _decode(self, events: list[tuple[EngineSequence, tuple[str, Any]]]) -> None:
         running = self._running
         self._peak_running = max(self._peak_running, len(running))
+        drafts = self._drafts(running) if self.speculative_ngram else []
+        if any(drafts):
+            self._speculate(drafts, events)
+            return
         logits = self._runner.decode(
             [s.pending for s in running], [s.length for s in running], [s.adapter for s in running]
         )
@@ -527,6 +553,57 @@ class Engine:
         self._steps += 1
         self._accept(list(running), tokens, logprobs, events)
 
+    def _drafts(self, running: list[EngineSequence]) -> list[list[int]]:
+        """Each sequence's draft tokens: what followed the last occurrence of its latest tokens in its
+        own context, no more than could still be kept (its token budget; the context's end), and only
+        while the forward stays cheap (`speculation.CHEAP_ROWS`): a large batch already fills it, and
+        there a draft costs about what a decoded token does, while most are rejected."""
+        room = self.speculative_rows - len(running)
+        if room <= 0:
+            return []
+        proposals = []
+        for seq in running:
+            limit = min(self.speculative_ngram, seq.max_new - len(seq.tokens) - 1)
+            if seq.drafter is None:
+                seq.drafter = NgramDrafter()
+            proposals.append(seq.drafter.propose(seq.prompt + seq.tokens, limit))
+        return share_rows(proposals, room)
+
+    def _speculate(
+        self, drafts: list[list[int]], events: list[tuple[EngineSequence, tuple[str, Any]]]
+    ) -> None:
+        """One verify forward for every running sequence's next token and drafts, then the tokens taken
+        position by position: at each, every sequence still going samples exactly as a decode step
+        would (its shaping, penalties and grammar seeing every token taken before; a seeded row drawing
+        its noise from its generator in the same order), and goes on only while the sampled token is
+        its draft. So the tokens and logprobs are those of plain decoding; a draft only saves forwards."""
+        running = list(self._running)
+        feeds = [[s.pending, *d] for s, d in zip(running, drafts, strict=True)]
+        logits = self._runner.verify(feeds, [s.length for s in running], [s.adapter for s in running])
+        self._steps += 1
+        self._drafted += sum(map(len, drafts))
+        starts = list(itertools.accumulate((len(f) for f in feeds), initial=0))
+        going = list(range(len(running)))
+        depth = 0
+        while going:
+            rows = logits.index_select(
+                0, torch.tensor([starts[i] + depth for i in going], device=logits.device)
+            )
+            seqs = [running[i] for i in going]
+            for seq in seqs:
+                seq.length += 1
+            tokens, logprobs = sample(rows, [s.row for s in seqs], self._shared_gen)
+            self._take(seqs, tokens, logprobs)
+            hits = [
+                i
+                for i, token in zip(going, tokens, strict=True)
+                if depth < len(drafts[i]) and token == drafts[i][depth]
+            ]
+            self._draft_hits += len(hits)
+            going = [i for i in hits if running[i].finish_reason is None]
+            depth += 1
+        self._settle(running, events)
+
     def _accept(
         self,
         seqs: list[EngineSequence],
@@ -534,7 +611,11 @@ class Engine:
         logprobs: list[float],
         events: list[tuple[EngineSequence, tuple[str, Any]]],
     ) -> None:
-        finished: list[EngineSequence] = []
+        self._take(seqs, tokens, logprobs)
+        self._settle(seqs, events)
+
+    def _take(self, seqs: list[EngineSequence], tokens: list[int], logprobs: list[float]) -> None:
+        """Append each sequence's new token and decide whether it ends the sequence."""
         for seq, token, logprob in zip(seqs, tokens, logprobs, strict=True):
             seq.tokens.append(token)
             seq.logprobs.append(logprob)
@@ -548,7 +629,15 @@ class Engine:
                     seq.finish_reason = "stop"
             if seq.finish_reason is None and len(seq.tokens) >= seq.max_new:
                 seq.finish_reason = "length"
-            if seq.streaming:
+
+    def _settle(
+        self, seqs: list[EngineSequence], events: list[tuple[EngineSequence, tuple[str, Any]]]
+    ) -> None:
+        """Hand out the tokens taken since the last event, finish the sequences that ended and free
+        their slots."""
+        finished: list[EngineSequence] = []
+        for seq in seqs:
+            if seq.streaming and len(seq.tokens) > seq.unsent:
                 events.append((seq, ("tokens", (seq.tokens[seq.unsent :], seq.logprobs[seq.unsent :]))))
                 seq.unsent = len(seq.tokens)
             if seq.finish_reason is not None:

@@ -37,7 +37,14 @@ import torch.nn.functional as F
 
 from reinforge.engine.adapters import Adapter
 from reinforge.engine.architectures import Architecture, describe, norm_eps
-from reinforge.engine.attention import additive, cascade_decode, padded_mask, per_prompt_masks, visible
+from reinforge.engine.attention import (
+    additive,
+    cascade_attention,
+    cascade_decode,
+    padded_mask,
+    per_prompt_masks,
+    visible,
+)
 from reinforge.engine.errors import UnsupportedArchitectureError
 from reinforge.engine.linear import linear, pack_weight
 from reinforge.engine.prefix_reuse import common_prefix
@@ -87,6 +94,14 @@ class ModelRunner(Protocol):
     ) -> torch.Tensor:
         """Feed one token to each of slots `0..n-1` at its position (with slot i's adapter
         `adapters[i]`); return float32 logits `[n, vocab]`."""
+        ...
+
+    def verify(
+        self, feeds: list[list[int]], positions: list[int], adapters: list[str | None] | None = None
+    ) -> torch.Tensor:
+        """Feed slot i the tokens `feeds[i]` (its next token and draft tokens) at positions
+        `positions[i]` on (with adapter `adapters[i]`); return float32 logits `[sum of lengths, vocab]`
+        at every fed position, row by row. Positions past what the caller keeps are overwritten later."""
         ...
 
     def move(self, src: int, dst: int, length: int) -> None:
@@ -582,16 +597,18 @@ class SlotCacheRunner:
             self._shared = shared
         return self._shared
 
-    def _track(self, tokens: list[int], positions: list[int]) -> None:
-        """Record each slot's fed token (a slot whose history is unknown stops growing, so what it
-        records is still true)."""
-        for slot, (token, position) in enumerate(zip(tokens, positions, strict=True)):
+    def _track(self, feeds: list[list[int]], positions: list[int]) -> None:
+        """Record each slot's fed tokens (a slot whose history is unknown stops growing, so what it
+        records is still true). Positions a slot held past where it is fed now (rejected drafts) are
+        forgotten; a common prefix that ends before them stays common."""
+        for slot, (fed, position) in enumerate(zip(feeds, positions, strict=True)):
             seen = self._tokens.setdefault(slot, [])
             if len(seen) > position:
                 del seen[position:]
-                self._shared = None
+                if self._shared is not None and position < self._shared:
+                    self._shared = None
             if len(seen) == position:
-                seen.append(token)
+                seen.extend(fed)
 
     @torch.inference_mode()
     def decode(
@@ -603,7 +620,7 @@ class SlotCacheRunner:
             self._group_key, self._decode_groups = key, self._row_groups(adapters)
         self._groups = self._decode_groups
         self._ensure_capacity(n, max(positions) + 1)
-        self._track(tokens, positions)
+        self._track([[t] for t in tokens], positions)
         pos = torch.tensor(positions, device=self.device)
         where = self._cache_rows(torch.arange(n, device=self.device), pos)
         x = self._embed(tokens)
@@ -647,6 +664,61 @@ class SlotCacheRunner:
                         scale=self.arch.attn_scale,
                     )
             x = self._residual(index, layer, x, attn.view(n, -1))
+        return self._logits(x)
+
+    @torch.inference_mode()
+    def verify(
+        self, feeds: list[list[int]], positions: list[int], adapters: list[str | None] | None = None
+    ) -> torch.Tensor:
+        """A decode step with several queries per slot: the rows of all slots are packed for the
+        matmuls (one pass over the weights for every token fed) and attention pads each slot's
+        queries to the longest feed, reading a shared prefix once (cascade) as `decode` does."""
+        if all(len(fed) == 1 for fed in feeds):
+            return self.decode([fed[0] for fed in feeds], positions, adapters)
+        n = len(feeds)
+        lens = [len(fed) for fed in feeds]
+        self._groups = self._row_groups(adapters, lens)
+        span = max(p + m for p, m in zip(positions, lens, strict=True))
+        self._ensure_capacity(n, span)
+        self._track(feeds, positions)
+        flat = [p + j for p, m in zip(positions, lens, strict=True) for j in range(m)]
+        pos = torch.tensor(flat, device=self.device)
+        slot_of = torch.tensor([i for i, m in enumerate(lens) for _ in range(m)], device=self.device)
+        where = self._cache_rows(slot_of, pos)
+        x = self._embed([t for fed in feeds for t in fed])
+        rope = self._rope_at(pos)
+        h, width = self.num_heads, max(lens)
+        shared = min(self._shared_prefix(n, adapters), span - 1) if n > 1 else 0
+        cascade = shared >= _CASCADE_MIN_SHARED
+        windows = dict.fromkeys(self.windows)
+        arange = self._arange
+        masks = {w: padded_mask(arange, positions, lens, w) for w in windows}
+        if cascade:
+            biases = {w: additive(mask[:, 0]) for w, mask in masks.items()}
+            pad = torch.tensor(
+                [i * width + j for i, m in enumerate(lens) for j in range(m)], device=self.device
+            )
+        for index, layer in enumerate(self.layers):
+            qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
+            k_cache, v_cache = self._k[index], self._v[index]
+            k_cache.view(-1, self.head_dim).index_copy_(0, where, qk[:, h:].reshape(-1, self.head_dim))
+            v_cache.view(-1, self.head_dim).index_copy_(0, where, v.reshape(-1, self.head_dim))
+            window = self.windows[index]
+            if cascade:
+                q = qk.new_zeros(n * width, h, self.head_dim).index_copy_(0, pad, qk[:, :h])
+                out = cascade_attention(
+                    q.view(n, width, h, -1),
+                    k_cache,
+                    v_cache,
+                    shared,
+                    span,
+                    biases[window],
+                    self.arch.attn_scale,
+                )
+                attn = out.reshape(n * width, h, -1).index_select(0, pad)
+            else:
+                attn = self._padded_attention(index, 0, qk[:, :h], positions, lens, masks[window])
+            x = self._residual(index, layer, x, attn.reshape(len(flat), -1))
         return self._logits(x)
 
     @torch.inference_mode()
@@ -703,8 +775,12 @@ class RecomputeRunner:
         if adapters:
             raise ValueError("the recompute runner serves no LoRA adapters")
 
-    @torch.inference_mode()
     def _last_logits(self, seqs: list[list[int]]) -> torch.Tensor:
+        return self._end_logits(seqs, [1] * len(seqs))
+
+    @torch.inference_mode()
+    def _end_logits(self, seqs: list[list[int]], counts: list[int]) -> torch.Tensor:
+        """The logits at the last `counts[i]` positions of each sequence, row by row."""
         width = max(len(s) for s in seqs)
         ids = torch.zeros(len(seqs), width, dtype=torch.long)
         mask = torch.zeros(len(seqs), width, dtype=torch.long)
@@ -718,7 +794,7 @@ class RecomputeRunner:
             position_ids=position_ids.to(self.device),
             use_cache=False,
         )
-        return out.logits[:, -1].float()
+        return torch.cat([out.logits[i, width - c :] for i, c in enumerate(counts)]).float()
 
     def prefill(
         self,
@@ -734,9 +810,15 @@ class RecomputeRunner:
     def decode(
         self, tokens: list[int], positions: list[int], adapters: list[str | None] | None = None
     ) -> torch.Tensor:
-        for slot, token in enumerate(tokens):
-            self._seqs[slot].append(token)
-        return self._last_logits([self._seqs[slot] for slot in range(len(tokens))])
+        return self.verify([[t] for t in tokens], positions, adapters)
+
+    def verify(
+        self, feeds: list[list[int]], positions: list[int], adapters: list[str | None] | None = None
+    ) -> torch.Tensor:
+        for slot, (fed, position) in enumerate(zip(feeds, positions, strict=True)):
+            self._seqs[slot][position:] = fed
+        seqs = [self._seqs[slot] for slot in range(len(feeds))]
+        return self._end_logits(seqs, [len(fed) for fed in feeds])
 
     def move(self, src: int, dst: int, length: int) -> None:
         self._seqs[dst] = self._seqs[src][:length]

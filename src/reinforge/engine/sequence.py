@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from reinforge.engine.detokenizer import IncrementalDetokenizer
 from reinforge.engine.sampling import RowParams
+from reinforge.engine.speculation import NgramDrafter
 
 EngineFinishReason = Literal["stop", "length"]
 
@@ -34,6 +35,8 @@ class EngineSequence:
     length: int = 0
     pending: int = -1
     detok: IncrementalDetokenizer | None = None
+    drafter: NgramDrafter | None = None
+    """Where speculation looks up draft tokens (built on the first step that speculates)."""
     finish_reason: EngineFinishReason | None = None
     cancelled: bool = False
     streaming: bool = True

@@ -116,6 +116,7 @@ def _embedded(
         "max_batch_size": settings.max_batch_size,
         "max_seq_len": settings.max_seq_len,
         "retain_prefixes": settings.retain_prefixes,
+        "speculative_ngram": settings.speculative_ngram,
         "policy_version": policy_version,
         "seed": seed,
     }

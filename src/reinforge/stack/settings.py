@@ -16,7 +16,7 @@ MODEL_NAME = "reinforge-policy"
 
 BackendKind = Literal["embedded", "vllm", "sglang", "scripted", "none"]
 
-_EMBEDDED_ONLY = ("max_batch_size", "max_seq_len", "process", "retain_prefixes")
+_EMBEDDED_ONLY = ("max_batch_size", "max_seq_len", "process", "retain_prefixes", "speculative_ngram")
 _UPSTREAM_ONLY = ("url", "weights_dir")
 
 
@@ -55,6 +55,9 @@ class EngineSettings(BaseModel):
             to spare.
         retain_prefixes: keep finished calls' KV caches in free slots so a later prompt that extends
             one (an agent's next call, another request on the same schema) copies it (docs/engine.md).
+        speculative_ngram: the most draft tokens a sequence verifies per decode step, looked up in its
+            own prompt and output (0: off); outputs and logprobs are unchanged (docs/engine.md,
+            "Speculative decoding").
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -67,6 +70,7 @@ class EngineSettings(BaseModel):
     max_seq_len: int = Field(default=512, ge=16)
     process: bool = False
     retain_prefixes: bool = True
+    speculative_ngram: int = Field(default=0, ge=0)
     url: str | None = None
     served_model: str = MODEL_NAME
     api_key: SecretStr | None = None
