@@ -2,7 +2,11 @@
 process's RSS rises, for a micro-batch budget, a frozen base dtype and the trim loop (docs/demo.md).
 
     flock /tmp/heavy.lock env PYTHONPATH=$PWD/src .venv/bin/python benchmarks/real_demo_update_memory.py \
-        GROUPS MICRO_BATCH_TOKENS trim|none float32|compute
+        GROUPS MICRO_BATCH_TOKENS trim|none float32|compute [mmap1mb|default]
+
+The last argument: glibc's mmap threshold pinned at 1 MB with two arenas (`release_large_blocks`, the
+default) or glibc's own dynamic threshold; `sys` is the kernel CPU time, where fresh mappings' page
+faults show.
 """
 
 from __future__ import annotations
@@ -56,7 +60,9 @@ def synthetic_groups(groups: int) -> list[Transition]:
 def main() -> None:
     groups, budget, trim = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "trim"
     base = cast(Literal["float32", "compute"], sys.argv[4])
-    release_large_blocks()
+    mmap_small = len(sys.argv) < 6 or sys.argv[5] == "mmap1mb"
+    if mmap_small:
+        release_large_blocks()
     torch.set_num_threads(2)
     me = psutil.Process()
     peak = [0]
@@ -87,7 +93,7 @@ def main() -> None:
         metrics = policy.update(batch)
         seconds = time.perf_counter() - started
     print(
-        f"groups={groups} mbt={budget} trim={trim} base={base}: update {seconds:.1f}s, "
+        f"groups={groups} mbt={budget} trim={trim} base={base} mmap1mb={mmap_small}: update {seconds:.1f}s, "
         f"{metrics['update/micro_batches']:.0f} micro-batches, rss before {before / 1e9:.2f} "
         f"peak {peak[0] / 1e9:.2f} GB, sys {me.cpu_times().system:.1f}s",
         flush=True,
