@@ -141,6 +141,16 @@ def test_the_model_can_come_from_a_loader_function(tokenizer: Any, tmp_path: Pat
     assert BUILTIN_MODELS[BUILTIN_CALC] == "reinforge.demo.warm_start:load_warm_start"
 
 
+def test_a_warm_start_not_built_yet_says_to_run_sft(tokenizer: Any, tmp_path: Path) -> None:
+    config = write_run(tmp_path, tokenizer)
+    text = config.read_text().replace('path = "model"', 'path = "ws"')
+    config.write_text(text + '\n[warm_start]\nbase = "model"\npolicy = "m:reply"\nout = "ws"\n')
+    with pytest.raises(InvalidRequestError, match="run `reinforge sft` on this config first"):
+        load_model(load_run_config(config))
+    (tmp_path / "ws").symlink_to(tmp_path / "model")  # once built, it loads as any folder
+    assert load_model(load_run_config(config)) == (tmp_path / "ws", None)
+
+
 def test_datasets_load_from_files_and_functions(tmp_path: Path) -> None:
     (tmp_path / "d.json").write_text(json.dumps([{"q": 1}, {"q": 2}]))
     assert load_dataset("d.json", tmp_path) == [{"q": 1}, {"q": 2}]

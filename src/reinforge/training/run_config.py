@@ -210,6 +210,16 @@ def load_model(config: RunConfig) -> tuple[PreTrainedModel | Path | str, PreTrai
     """`[model] path`: a `save_pretrained` folder (its tokenizer loads with it), a packaged model's
     name or a `.gguf` file, a `module:function` (or a `BUILTIN_MODELS` name) whose function returns
     `(model, tokenizer)`, or a hub id."""
+    warm = config.warm_start
+    if warm is not None:
+        out = warm.out_dir(config.base_dir)
+        named = Path(config.model.path).expanduser()
+        named = named if named.is_absolute() else config.base_dir / named
+        if named.resolve() == out.resolve() and not out.exists():
+            raise InvalidRequestError(
+                f"model {config.model.path!r} is this config's warm start, which is not built yet: "
+                "run `reinforge sft` on this config first"
+            )
     return load_model_spec(config.model.path, config.base_dir)
 
 
