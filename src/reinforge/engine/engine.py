@@ -529,7 +529,8 @@ class Engine:
                 self._prefix_hits += sum(cached)
         # Accept only now: accepting may finish sequences and repack slots, which donors must not see.
         for admitted, tokens, logprobs in sampled:
-            self._accept(admitted, tokens, logprobs, events)
+            _take(admitted, tokens, logprobs)
+            self._settle(admitted, events)
         self._admitting = []
 
     def _enter(self, group: list[EngineSequence], first: int) -> None:
@@ -540,7 +541,9 @@ class Engine:
     def _decode(self, events: list[tuple[EngineSequence, tuple[str, Any]]]) -> None:
         running = self._running
         self._peak_running = max(self._peak_running, len(running))
-        drafts = self._drafts(running) if self.speculative_ngram else []
+        drafts = (
+            _drafts(running, self.speculative_ngram, self.speculative_rows) if self.speculative_ngram else []
+        )
         if any(drafts):
             self._speculate(drafts, events)
             return
@@ -551,23 +554,9 @@ class Engine:
             seq.length += 1
         tokens, logprobs = sample(logits, [s.row for s in running], self._shared_gen)
         self._steps += 1
-        self._accept(list(running), tokens, logprobs, events)
-
-    def _drafts(self, running: list[EngineSequence]) -> list[list[int]]:
-        """Each sequence's draft tokens: what followed the last occurrence of its latest tokens in its
-        own context, no more than could still be kept (its token budget; the context's end), and only
-        while the forward stays cheap (`speculation.CHEAP_ROWS`): a large batch already fills it, and
-        there a draft costs about what a decoded token does, while most are rejected."""
-        room = self.speculative_rows - len(running)
-        if room <= 0:
-            return []
-        proposals = []
-        for seq in running:
-            limit = min(self.speculative_ngram, seq.max_new - len(seq.tokens) - 1)
-            if seq.drafter is None:
-                seq.drafter = NgramDrafter()
-            proposals.append(seq.drafter.propose(seq.prompt + seq.tokens, limit))
-        return share_rows(proposals, room)
+        seqs = list(running)
+        _take(seqs, tokens, logprobs)
+        self._settle(seqs, events)
 
     def _speculate(
         self, drafts: list[list[int]], events: list[tuple[EngineSequence, tuple[str, Any]]]
@@ -593,7 +582,7 @@ class Engine:
             for seq in seqs:
                 seq.length += 1
             tokens, logprobs = sample(rows, [s.row for s in seqs], self._shared_gen)
-            self._take(seqs, tokens, logprobs)
+            _take(seqs, tokens, logprobs)
             hits = [
                 i
                 for i, token in zip(going, tokens, strict=True)
@@ -603,32 +592,6 @@ class Engine:
             going = [i for i in hits if running[i].finish_reason is None]
             depth += 1
         self._settle(running, events)
-
-    def _accept(
-        self,
-        seqs: list[EngineSequence],
-        tokens: list[int],
-        logprobs: list[float],
-        events: list[tuple[EngineSequence, tuple[str, Any]]],
-    ) -> None:
-        self._take(seqs, tokens, logprobs)
-        self._settle(seqs, events)
-
-    def _take(self, seqs: list[EngineSequence], tokens: list[int], logprobs: list[float]) -> None:
-        """Append each sequence's new token and decide whether it ends the sequence."""
-        for seq, token, logprob in zip(seqs, tokens, logprobs, strict=True):
-            seq.tokens.append(token)
-            seq.logprobs.append(logprob)
-            seq.pending = token
-            shaper = seq.row.shaper
-            if token in seq.stop_ids or (shaper is not None and shaper.advance(token)):
-                seq.finish_reason = "stop"
-            elif seq.detok is not None:
-                delta = seq.detok.push([token])
-                if delta and find_stop(seq.detok.text, seq.stops, len(delta)) is not None:
-                    seq.finish_reason = "stop"
-            if seq.finish_reason is None and len(seq.tokens) >= seq.max_new:
-                seq.finish_reason = "length"
 
     def _settle(
         self, seqs: list[EngineSequence], events: list[tuple[EngineSequence, tuple[str, Any]]]
@@ -641,28 +604,9 @@ class Engine:
                 events.append((seq, ("tokens", (seq.tokens[seq.unsent :], seq.logprobs[seq.unsent :]))))
                 seq.unsent = len(seq.tokens)
             if seq.finish_reason is not None:
-                events.append((seq, ("done", self._output(seq))))
+                events.append((seq, ("done", _output(seq, self.tokenizer))))
                 finished.append(seq)
         self._release(finished)
-
-    def _output(self, seq: EngineSequence) -> EngineOutput:
-        assert seq.finish_reason is not None
-        text_tokens = seq.tokens[:-1] if seq.tokens[-1] in seq.stop_ids else seq.tokens
-        text = str(
-            self.tokenizer.decode(text_tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-        )
-        if seq.stops:
-            cut = find_stop(text, seq.stops, len(text))
-            if cut is not None:
-                text = text[:cut]
-        return EngineOutput(
-            token_ids=list(seq.tokens),
-            logprobs=list(seq.logprobs),
-            finish_reason=seq.finish_reason,
-            policy_version=seq.version,
-            text=text,
-            num_prompt_tokens=len(seq.prompt),
-        )
 
     def _release(self, ended: list[EngineSequence]) -> None:
         """Free the slots of `ended`, moving the last running sequences into them so slots stay
@@ -694,6 +638,58 @@ class Engine:
             # A closed event loop raises RuntimeError: its callers are gone, nobody is waiting.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(_put_all, items)
+
+
+def _take(seqs: list[EngineSequence], tokens: list[int], logprobs: list[float]) -> None:
+    """Append each sequence's new token and decide whether it ends the sequence."""
+    for seq, token, logprob in zip(seqs, tokens, logprobs, strict=True):
+        seq.tokens.append(token)
+        seq.logprobs.append(logprob)
+        seq.pending = token
+        shaper = seq.row.shaper
+        if token in seq.stop_ids or (shaper is not None and shaper.advance(token)):
+            seq.finish_reason = "stop"
+        elif seq.detok is not None:
+            delta = seq.detok.push([token])
+            if delta and find_stop(seq.detok.text, seq.stops, len(delta)) is not None:
+                seq.finish_reason = "stop"
+        if seq.finish_reason is None and len(seq.tokens) >= seq.max_new:
+            seq.finish_reason = "length"
+
+
+def _output(seq: EngineSequence, tokenizer: PreTrainedTokenizerBase) -> EngineOutput:
+    assert seq.finish_reason is not None
+    text_tokens = seq.tokens[:-1] if seq.tokens[-1] in seq.stop_ids else seq.tokens
+    text = str(tokenizer.decode(text_tokens, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+    if seq.stops:
+        cut = find_stop(text, seq.stops, len(text))
+        if cut is not None:
+            text = text[:cut]
+    return EngineOutput(
+        token_ids=list(seq.tokens),
+        logprobs=list(seq.logprobs),
+        finish_reason=seq.finish_reason,
+        policy_version=seq.version,
+        text=text,
+        num_prompt_tokens=len(seq.prompt),
+    )
+
+
+def _drafts(running: list[EngineSequence], ngram: int, rows: int) -> list[list[int]]:
+    """Each sequence's draft tokens: what followed the last occurrence of its latest tokens in its
+    own context, no more than could still be kept (its token budget; the context's end), and only
+    while the forward stays cheap (`speculation.CHEAP_ROWS`): a large batch already fills it, and
+    there a draft costs about what a decoded token does, while most are rejected."""
+    room = rows - len(running)
+    if room <= 0:
+        return []
+    proposals = []
+    for seq in running:
+        limit = min(ngram, seq.max_new - len(seq.tokens) - 1)
+        if seq.drafter is None:
+            seq.drafter = NgramDrafter()
+        proposals.append(seq.drafter.propose(seq.prompt + seq.tokens, limit))
+    return share_rows(proposals, room)
 
 
 def _put_all(items: list[tuple[EngineSequence, tuple[str, Any]]]) -> None:

@@ -435,9 +435,6 @@ class SlotCacheRunner:
         heads = torch.arange(self.num_kv_heads, device=self.device)
         return ((slots[:, None] * self.num_kv_heads + heads) * self._len_cap + pos[:, None]).reshape(-1)
 
-    def _rope_at(self, pos: torch.Tensor) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
-        return {kind: (cos[pos][:, None], sin[pos][:, None]) for kind, (cos, sin) in self.rope.items()}
-
     @torch.inference_mode()
     def prefill(
         self,
@@ -463,7 +460,7 @@ class SlotCacheRunner:
         where = self._cache_rows(torch.tensor(slot_of, device=self.device), pos)
         h = self.num_heads
         x = self._embed([t for p, c in zip(prompts, starts, strict=True) for t in p[c:]])
-        rope = self._rope_at(pos)
+        rope = _rope_at(self.rope, pos)
         padded = _pads_cheaply(starts, lens)
         windows = dict.fromkeys(self.windows)
         arange = self._arange
@@ -624,7 +621,7 @@ class SlotCacheRunner:
         pos = torch.tensor(positions, device=self.device)
         where = self._cache_rows(torch.arange(n, device=self.device), pos)
         x = self._embed(tokens)
-        rope = self._rope_at(pos)
+        rope = _rope_at(self.rope, pos)
         h, kv = self.num_heads, self.num_kv_heads
         gqa = kv != h
         span = max(positions) + 1
@@ -686,7 +683,7 @@ class SlotCacheRunner:
         slot_of = torch.tensor([i for i, m in enumerate(lens) for _ in range(m)], device=self.device)
         where = self._cache_rows(slot_of, pos)
         x = self._embed([t for fed in feeds for t in fed])
-        rope = self._rope_at(pos)
+        rope = _rope_at(self.rope, pos)
         h, width = self.num_heads, max(lens)
         shared = min(self._shared_prefix(n, adapters), span - 1) if n > 1 else 0
         cascade = shared >= _CASCADE_MIN_SHARED
@@ -827,6 +824,13 @@ class RecomputeRunner:
         copies = [(dst, self._seqs[src][:length]) for src, dst, length in moves]
         for dst, tokens in copies:
             self._seqs[dst] = tokens
+
+
+def _rope_at(
+    rope: Mapping[str | None, tuple[torch.Tensor, torch.Tensor]], pos: torch.Tensor
+) -> dict[str | None, tuple[torch.Tensor, torch.Tensor]]:
+    """Each RoPE kind's cos and sin at `pos`, shaped to broadcast over heads."""
+    return {kind: (cos[pos][:, None], sin[pos][:, None]) for kind, (cos, sin) in rope.items()}
 
 
 def _next_pow2(n: int) -> int:
