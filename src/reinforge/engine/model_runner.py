@@ -641,8 +641,7 @@ class SlotCacheRunner:
         for index, layer in enumerate(self.layers):
             qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
             k_cache, v_cache = self._k[index], self._v[index]
-            k_cache.view(-1, self.head_dim).index_copy_(0, where, qk[:, h:].reshape(-1, self.head_dim))
-            v_cache.view(-1, self.head_dim).index_copy_(0, where, v.reshape(-1, self.head_dim))
+            _store_kv(k_cache, v_cache, where, qk[:, h:], v)
             window = self.windows[index]
             if cascade:
                 attn = cascade_decode(
@@ -698,8 +697,7 @@ class SlotCacheRunner:
         for index, layer in enumerate(self.layers):
             qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
             k_cache, v_cache = self._k[index], self._v[index]
-            k_cache.view(-1, self.head_dim).index_copy_(0, where, qk[:, h:].reshape(-1, self.head_dim))
-            v_cache.view(-1, self.head_dim).index_copy_(0, where, v.reshape(-1, self.head_dim))
+            _store_kv(k_cache, v_cache, where, qk[:, h:], v)
             window = self.windows[index]
             if cascade:
                 q = qk.new_zeros(n * width, h, self.head_dim).index_copy_(0, pad, qk[:, :h])
@@ -824,6 +822,15 @@ class RecomputeRunner:
         copies = [(dst, self._seqs[src][:length]) for src, dst, length in moves]
         for dst, tokens in copies:
             self._seqs[dst] = tokens
+
+
+def _store_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, where: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """Write new keys and values into one layer's caches at the rows `where` (`_cache_rows`)."""
+    head_dim = k_cache.shape[-1]
+    k_cache.view(-1, head_dim).index_copy_(0, where, k.reshape(-1, head_dim))
+    v_cache.view(-1, head_dim).index_copy_(0, where, v.reshape(-1, head_dim))
 
 
 def _rope_at(
