@@ -15,8 +15,9 @@ mean model calls per held-out episode after training (sampled validation). A con
 or with `--rebuild-warm-start` (`reinforge sft`'s own code, timed on its own and printed as
 `WARM_START paper_real_<name> minutes=<w> examples=<e> sft_steps=<s> loss=<a>-><b>`), so before is the
 warm-started model. The other configs start from the packaged model with demonstrations in the
-prompt. Each config ends with `MEMORY paper_real_<name> peak_rss_gb=<g>` (this process's peak, and its
-children's).
+prompt. Each config ends with `MEMORY paper_real_<name> peak_rss_gb=<g>`: the highest summed RSS of
+this process and its children (engine, trainer, store and the runner processes) while the config
+trains and validates, sampled four times a second; the warm start's own peak is on its line.
 """
 
 from __future__ import annotations
@@ -24,11 +25,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import resource
 import time
 from pathlib import Path
 from typing import Any
 
+from reinforge.training.memory import PeakTreeRss
 from reinforge.training.run_config import RunConfig, load_dataset, load_model, load_run_config, resolve_agent
 from reinforge.training.trainer import FitResult, Trainer
 
@@ -74,22 +75,17 @@ def warm_start(name: str, cfg: RunConfig, rebuild: bool) -> str | None:
         print(f"{name}: warm start {out} already built (--rebuild-warm-start builds it again)", flush=True)
         return None
     started = time.monotonic()
-    report = asyncio.run(build_warm_start(cfg, recollect=rebuild))
+    with PeakTreeRss() as peak:
+        report = asyncio.run(build_warm_start(cfg, recollect=rebuild))
     return (
         f"WARM_START paper_real_{name} minutes={(time.monotonic() - started) / 60:.2f} "
         f"examples={report.examples} sft_steps={report.sft.steps} "
-        f"loss={report.sft.first_loss:.3f}->{report.sft.last_loss:.3f}"
+        f"loss={report.sft.first_loss:.3f}->{report.sft.last_loss:.3f} peak_rss_gb={peak.gigabytes:.2f}"
     )
 
 
-def peak_rss_gb() -> float:
-    """The peak resident memory of this process or of its largest child, in GB (Linux: KiB units)."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(own, children) * 1024 / 1e9
-
-
-def run_one(name: str, args: argparse.Namespace) -> str:
+def run_one(name: str, args: argparse.Namespace) -> tuple[str, float]:
+    """The config's RESULT line and the peak GB of its run (warm start apart)."""
     overrides: dict[str, Any] = {
         "run_dir": Path(args.run_root) / name,
         "schedule": {"max_steps": args.max_steps, "max_minutes": args.minutes, "val_greedy": True},
@@ -108,9 +104,10 @@ def run_one(name: str, args: argparse.Namespace) -> str:
         print(built, flush=True)
     model, tokenizer = load_model(cfg)  # relative paths start at the config's folder
     trainer = Trainer(model, tokenizer, algorithm=algorithm, credit=cfg.credit, config=cfg.trainer)
-    fit = trainer.fit(resolve_agent(cfg), train, val)
+    with PeakTreeRss() as peak:
+        fit = trainer.fit(resolve_agent(cfg), train, val)
     metric = "success" if cfg.report.metric.endswith("success") else "reward"
-    return result_line(name, fit, metric)
+    return result_line(name, fit, metric), peak.gigabytes
 
 
 def main() -> None:
@@ -130,10 +127,10 @@ def main() -> None:
     args = parser.parse_args()
     for name in args.only:
         started = time.monotonic()
-        line = run_one(name, args)
+        line, peak_gb = run_one(name, args)
         print(f"{name}: {time.monotonic() - started:.0f}s in all", flush=True)
         print(line, flush=True)
-        print(f"MEMORY paper_real_{name} peak_rss_gb={peak_rss_gb():.2f}", flush=True)
+        print(f"MEMORY paper_real_{name} peak_rss_gb={peak_gb:.2f}", flush=True)
 
 
 if __name__ == "__main__":

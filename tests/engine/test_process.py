@@ -269,3 +269,15 @@ def test_the_child_exits_when_its_parent_is_killed(tmp_path: Path) -> None:
     finally:
         parent.kill()
         parent.wait(10)
+
+
+async def test_a_released_cache_serves_the_same_outputs(
+    child: EngineProcess, tokenizer: PreTrainedTokenizerFast
+) -> None:
+    """`release_cache` reaches the child's engine between calls without disturbing what it serves."""
+    prompts = [ids(tokenizer, p) for p in PROMPTS]
+    before = await asyncio.gather(*(child.generate(p, GREEDY) for p in prompts))
+    child.release_cache()
+    after = await asyncio.gather(*(child.generate(p, GREEDY) for p in prompts))
+    assert [o.token_ids for o in after] == [o.token_ids for o in before]
+    assert child.failure is None

@@ -32,7 +32,7 @@ import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -40,6 +40,7 @@ from transformers import PreTrainedTokenizerBase
 from reinforge.engine.adapters import Adapter, LoraDelta, parse_adapters, split_state
 from reinforge.engine.detokenizer import IncrementalDetokenizer, find_stop
 from reinforge.engine.errors import EngineError, EngineStoppedError
+from reinforge.engine.lifecycle import StartStop
 from reinforge.engine.logit_shaping import GrammarCompiler, LogitShaper
 from reinforge.engine.model_runner import ModelRunner, SlotCacheRunner, make_runner
 from reinforge.engine.prefix_reuse import RetainedCache, RetainedCaches, plan_prefill, prefill_groups
@@ -90,7 +91,7 @@ class _Update:
     future: asyncio.Future[None]
 
 
-class Engine:
+class Engine(StartStop):
     """Serve one causal LM to many concurrent callers (see the module docstring for the loop).
 
     max_batch_size: the most sequences decoded together (slots); more requests queue.
@@ -164,6 +165,7 @@ class Engine:
         self._admitting: list[EngineSequence] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._release_wanted = False
         self._steps = 0
         self._peak_running = 0
         self._prefix_hits = 0
@@ -211,7 +213,7 @@ class Engine:
                 **{f"adapter_sequences/{name}": n for name, n in self._adapter_served.items()},
             }
 
-    def start(self) -> Engine:
+    def start(self) -> Self:
         with self._cond:
             if self._stopping:
                 raise EngineStoppedError("the engine was stopped; create a new one")
@@ -241,11 +243,14 @@ class Engine:
         for u in updates:
             u.loop.call_soon_threadsafe(_set_exception, u.future, error)
 
-    def __enter__(self) -> Engine:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def release_cache(self) -> None:
+        """Hand the KV cache's memory back once no sequence runs (now, if none does). A trainer calls
+        it before an update: the update makes every cached key and value stale, and on a machine
+        where the engine and the update share memory the cache would otherwise sit beside the
+        update's activations. The next admission allocates what it needs again."""
+        with self._cond:
+            self._release_wanted = True
+            self._cond.notify_all()
 
     # ---- asyncio API -----------------------------------------------------------------------------
 
@@ -312,7 +317,7 @@ class Engine:
             state = weights
         base, raw_adapters = split_state(state)
         check_state_dict(self.model, base)
-        servable = self._runner.lora_modules()
+        servable = self._runner.lora_modules
         if raw_adapters and not servable:
             raise InvalidRequestError(
                 "this model runs on the engine's recompute path, which serves no LoRA adapters "
@@ -386,9 +391,9 @@ class Engine:
     def _loop(self) -> None:
         while True:
             with self._cond:
-                while not (self._stopping or self._inbox or self._waiting or self._running or self._updates):
+                while not (self._stopping or self._inbox or self._has_work()):
                     self._cond.wait()
-                if not (self._stopping or self._running or self._waiting or self._updates):
+                if not (self._stopping or self._has_work()):
                     self._gather_burst()
                 if self._stopping:
                     return
@@ -409,6 +414,10 @@ class Engine:
                     self._retained.clear()  # a failed forward may have left any slot half written
                 self._deliver([(s, ("error", error)) for s in failed])
 
+    def _has_work(self) -> bool:
+        """Something for an iteration besides new requests (call with the lock held)."""
+        return bool(self._waiting or self._running or self._updates or self._release_wanted)
+
     def _gather_burst(self) -> None:
         """An idle engine woken by a request waits (holding no lock) while more keep arriving, at most
         `_BURST_WAIT_S`: callers often send many requests at once (an agent's system prompt with many
@@ -426,6 +435,12 @@ class Engine:
             self._waiting = collections.deque(s for s in self._waiting if not s.cancelled)
             cancelled = [s for s in self._running if s.cancelled]
             update = self._updates[0] if self._updates else None
+            release = self._release_wanted and not self._running and not self._waiting
+            if release:
+                self._release_wanted = False
+                self._retained.clear()  # the slots they point at are about to go
+        if release:
+            self._runner.release_cache()
         self._release(cancelled)
         if update is not None and not self._running:
             self._apply_update()

@@ -123,8 +123,11 @@ class ModelRunner(Protocol):
         growing (and copying the cache) several times while they decode."""
         ...
 
-    def lora_modules(self) -> frozenset[str]:
-        """The module paths an adapter may adapt (empty: this runner serves no adapters)."""
+    lora_modules: frozenset[str]
+    """The module paths an adapter may adapt (empty: this runner serves no adapters)."""
+
+    def release_cache(self) -> None:
+        """Free the KV cache's memory (called with no sequence running; every slot is empty after)."""
         ...
 
     def slot_capacity(self) -> int:
@@ -252,6 +255,7 @@ class SlotCacheRunner:
                 ("down", mlp.down_proj),
             ):
                 self._paths[names[id(module)]] = (index, proj)
+        self.lora_modules = frozenset(self._paths)
         self.refresh_weights()
 
     def refresh_weights(self) -> None:
@@ -284,8 +288,12 @@ class SlotCacheRunner:
     def reserve(self, slots: int, length: int) -> None:
         self._ensure_capacity(slots, length, exact=True)
 
-    def lora_modules(self) -> frozenset[str]:
-        return frozenset(self._paths)
+    def release_cache(self) -> None:
+        self._k = torch.empty(0, device=self.device, dtype=self.dtype)
+        self._v = torch.empty(0, device=self.device, dtype=self.dtype)
+        self._slot_cap = self._len_cap = 0
+        self._tokens.clear()
+        self._shared = None
 
     def slot_capacity(self) -> int:
         return self._slot_cap
@@ -758,9 +766,11 @@ class RecomputeRunner:
     def reserve(self, slots: int, length: int) -> None:
         """Nothing to reserve: this runner keeps token lists, not a KV cache."""
 
-    def lora_modules(self) -> frozenset[str]:
-        """None: adapters are served on the fast path only (the engine refuses them here)."""
-        return frozenset()
+    lora_modules: frozenset[str] = frozenset()
+    """None: adapters are served on the fast path only (the engine refuses them here)."""
+
+    def release_cache(self) -> None:
+        self._seqs.clear()
 
     def slot_capacity(self) -> int:
         """0: every step recomputes from the tokens, so a finished sequence's state saves nothing."""

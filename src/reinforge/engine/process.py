@@ -35,7 +35,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 from transformers import PreTrainedTokenizerBase
@@ -44,6 +44,7 @@ from reinforge._heap import freeze_startup_heap
 from reinforge.engine.adapters import LORA_PREFIX
 from reinforge.engine.engine import Engine, EngineDelta, EngineOutput
 from reinforge.engine.errors import EngineError, EngineStoppedError
+from reinforge.engine.lifecycle import StartStop
 from reinforge.engine.weights import WeightsSource, apply_state_dict, read_state_dict
 from reinforge.errors import InvalidRequestError
 from reinforge.inference.contract import SamplingParams
@@ -84,7 +85,7 @@ class _Call:
     queue: asyncio.Queue[tuple[str, Any]] = field(default_factory=asyncio.Queue)
 
 
-class EngineProcess:
+class EngineProcess(StartStop):
     """`Engine(model, tokenizer, ...)` in a child process; `generate`, `stream`,
     `load_weights`, `start`, `stop` and `policy_version` behave as the in-process engine's do."""
 
@@ -150,7 +151,7 @@ class EngineProcess:
             return None
         return self._failure
 
-    def start(self) -> EngineProcess:
+    def start(self) -> Self:
         """Start the child and wait until its engine is ready (seconds: it imports torch). Calls
         made before it start the child themselves, blocking their event loop meanwhile."""
         with self._start_lock:
@@ -283,11 +284,11 @@ class EngineProcess:
             self._reader.join(5)
         self._fail_all(EngineStoppedError("the engine stopped before the request finished"))
 
-    def __enter__(self) -> EngineProcess:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def release_cache(self) -> None:
+        """`Engine.release_cache` in the child (nothing to do while no child runs)."""
+        if self._conn is not None and self._failure is None:
+            with contextlib.suppress(EngineError):  # a dead child holds no cache
+                self._send(("release",))
 
     # ---- asyncio API -----------------------------------------------------------------------------
 
@@ -571,6 +572,8 @@ class _ChildLoop:
         elif kind == "weights":
             _, call_id, weights, version = message
             self._start(call_id, self._weights, weights, version)
+        elif kind == "release":
+            self.engine.release_cache()
         elif kind == "stop":
             self.done.set()
 

@@ -353,6 +353,12 @@ class RolloutStack:
         """The held rollouts were cancelled: their waiting calls fail instead of waiting on."""
         self.gateway.drop_holds(rollout_ids)
 
+    def release_engine_cache(self) -> None:
+        """An update is about to run: the embedded engine frees its KV cache once its calls are done
+        (`Engine.release_cache`), so the update does not hold its memory beside the cache."""
+        if self.engine is not None:
+            self.engine.release_cache()
+
     async def publish(self, policy: Policy, version: int) -> None:
         """Serve `policy` as `version`: its weights are staged (written where the server reads them)
         while calls still run, then new calls wait and in-flight ones drain, the backend switches,

@@ -370,6 +370,7 @@ class Trainer:
         what remains of the write once the update is done.
         """
         run.policy.set_learning_rate(learning_rate)
+        run.stack.release_engine_cache()
         with phase_timer("update", times):
             updating = asyncio.ensure_future(asyncio.to_thread(run.policy.update, transitions, returns))
             write = run.transition_log.write
