@@ -11,7 +11,7 @@ Prints, for each config, `RESULT paper_real_<name> before=<a> after=<b> greedy_b
 greedy_after=<d> rl_minutes=<m> steps=<n> calls_per_episode=<k>`; before/after read the config's
 `[report] metric` (success for sql and calc_x, mean answer F1 for rag); calls_per_episode is the
 mean model calls per held-out episode after training (sampled validation). A config with a
-`[warm_start]` section (calc_x) starts RL from its warm start: built first when its folder is missing
+`[warm_start]` section (calc_x, rag) starts RL from its warm start: built first when its folder is missing
 or with `--rebuild-warm-start` (`reinforge sft`'s own code, timed on its own and printed as
 `WARM_START paper_real_<name> minutes=<w> examples=<e> sft_steps=<s> loss=<a>-><b>`), so before is the
 warm-started model. The other configs start from the packaged model with demonstrations in the
