@@ -17,14 +17,12 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from reinforge.demo.tasks import apply, left_to_right_steps, make_task
 from reinforge.inference import GenerationRequest
-from reinforge.inference.scripted import ScriptedReply, ScriptedToolCall
-from reinforge.inference.tool_prompt import text_of
+from reinforge.inference.scripted import ScriptedReply, ScriptedToolCall, turns_since_question
 
 
 class PlanMix(BaseModel):
@@ -74,17 +72,9 @@ def plan(question: str, mix: PlanMix = MIX) -> list[Turn]:
     return [steps[0], steps[1], apply(*steps[1])]
 
 
-def _turns_so_far(messages: list[dict[str, Any]]) -> tuple[str, int]:
-    """The task's question (the last user turn: the earlier ones are the demonstrations) and how many
-    assistant turns the agent has had since."""
-    last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-    done = sum(1 for m in messages[last_user + 1 :] if m.get("role") == "assistant")
-    return text_of(messages[last_user].get("content")), done
-
-
 def reply(request: GenerationRequest) -> ScriptedReply:
     """The plan's next turn for this conversation."""
-    question, done = _turns_so_far(request.messages or [])
+    question, done = turns_since_question(request)
     turns = plan(question)
     turn = turns[min(done, len(turns) - 1)]
     if isinstance(turn, int):

@@ -20,14 +20,13 @@ import hashlib
 import json
 import random
 from functools import lru_cache
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from rag_data import RagTask, default_world, task_pool
 
 from reinforge.inference import GenerationRequest
-from reinforge.inference.scripted import ScriptedReply, ScriptedToolCall
-from reinforge.inference.tool_prompt import text_of
+from reinforge.inference.scripted import ScriptedReply, ScriptedToolCall, turns_since_question
 
 
 class PlanMix(BaseModel):
@@ -35,9 +34,12 @@ class PlanMix(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    trap: float = Field(default=0.35, ge=0.0, le=1.0)
-    """Answer with the task's trap right after the first search."""
-    one_short: float = Field(default=0.5, ge=0.0, le=1.0)
+    trap: float = Field(default=0.55, ge=0.0, le=1.0)
+    """Answer with the task's trap right after the first search. Above one half, so the warm start's
+    most likely turn after the first page is the trap: its greedy replies take it, and RL has that
+    decision to reverse (calc_x's warm start computes left to right 60% of the time for the same
+    reason)."""
+    one_short: float = Field(default=0.6, ge=0.0, le=1.0)
     """On a 3-hop question that did not take the trap: stop after two searches, answering the city
     the second page names (where its person was born)."""
 
@@ -96,17 +98,9 @@ def plan(question: str, mix: PlanMix = MIX) -> Plan:
     return Plan(searches=list(task.chain), answer=task.answer, kind="right")
 
 
-def _turns_so_far(messages: list[dict[str, Any]]) -> tuple[str, int]:
-    """The task's question (the last user turn: the earlier one is the demonstration's) and how many
-    assistant turns the agent has had since."""
-    last_user = max(i for i, m in enumerate(messages) if m.get("role") == "user")
-    done = sum(1 for m in messages[last_user + 1 :] if m.get("role") == "assistant")
-    return text_of(messages[last_user].get("content")), done
-
-
 def reply(request: GenerationRequest) -> ScriptedReply:
     """The plan's next turn for this conversation."""
-    question, done = _turns_so_far(request.messages or [])
+    question, done = turns_since_question(request)
     turns = plan(question)
     if done >= len(turns.searches):
         return ScriptedReply(text=f"ANSWER: {turns.answer}")

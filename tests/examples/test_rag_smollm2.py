@@ -77,9 +77,10 @@ def test_the_policy_plans_right_and_designed_wrong_conversations() -> None:
         else:  # one hop short on a 3-hop question, with a city that is not the answer
             assert task["hops"] == 3 and drawn.searches == chain[:2] and drawn.answer != answer
         kinds[drawn.kind] += 1
-    # The designed mix (rag_smollm2_policy.MIX): 0.65 x (0.6 + 0.4 x 0.5) = 0.52 end right.
-    assert 0.42 < kinds["right"] / len(tasks) < 0.62
-    assert kinds["trap"] > 100 and kinds["one_short"] > 30
+    # The designed mix (rag_smollm2_policy.MIX): 0.45 x (0.6 + 0.4 x 0.4) = 0.34 end right, and the
+    # trap is the likelier turn after the first page.
+    assert 0.26 < kinds["right"] / len(tasks) < 0.42
+    assert 0.47 < kinds["trap"] / len(tasks) < 0.63 and kinds["one_short"] > 40
 
 
 def test_the_policy_refuses_a_held_out_question() -> None:

@@ -230,3 +230,37 @@ def test_help_names_the_toml_sections() -> None:
     out = CliRunner().invoke(app, ["sft", "--help"])
     assert out.exit_code == 0
     assert "[warm_start] section" in out.output and "[warm_start.sft] steps" in out.output
+
+
+def test_sft_trains_handing_freed_memory_back_unless_told_not_to(
+    tokenizer: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warm start's fine-tuning runs inside `returning_freed_memory` (batches of changing lengths
+    otherwise leave their activations resident), and `return_freed_memory = false` turns it off."""
+    import contextlib
+    from collections.abc import Iterator
+
+    from reinforge.training import warm_start
+
+    seen: list[tuple[bool, int]] = []  # (enabled, SFT steps taken when the block closed)
+    steps: list[int] = []
+
+    @contextlib.contextmanager
+    def recording(enabled: bool = True) -> Iterator[None]:
+        yield
+        seen.append((enabled, len(steps)))
+
+    monkeypatch.setattr(warm_start, "returning_freed_memory", recording)
+    original = warm_start.supervised_finetune
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        report = original(*args, **kwargs)
+        steps.append(report.steps)
+        return report
+
+    monkeypatch.setattr(warm_start, "supervised_finetune", counting)
+    config = write_config(tmp_path, tokenizer)
+    assert CliRunner().invoke(app, ["sft", str(config)]).exit_code == 0
+    config.write_text(config.read_text() + "return_freed_memory = false\n")  # in [warm_start.sft]
+    assert CliRunner().invoke(app, ["sft", str(config), "--steps", "1"]).exit_code == 0
+    assert seen == [(True, 1), (False, 2)]  # each fine-tuning ran inside the block, as configured

@@ -26,6 +26,7 @@ from reinforge.inference.contract import (
     TextDelta,
     ToolCall,
 )
+from reinforge.inference.tool_prompt import text_of
 
 TOOL_CALL_START = "<tool_call>"
 TOOL_CALL_END = "</tool_call>"
@@ -49,6 +50,18 @@ class ScriptedReply(BaseModel):
 
 
 Reply = str | ScriptedReply | dict[str, Any]
+
+
+def turns_since_question(request: GenerationRequest) -> tuple[str, int]:
+    """The task's question (the request's last user turn: earlier ones are demonstrations) and how
+    many assistant turns the agent has had since: where a scripted policy (`reinforge sft`'s warm
+    starts) is in the conversation it planned for that question."""
+    messages = request.messages or []
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not users:
+        raise InvalidRequestError("a scripted policy needs a user turn to answer")
+    done = sum(1 for m in messages[users[-1] + 1 :] if m.get("role") == "assistant")
+    return text_of(messages[users[-1]].get("content")), done
 
 
 class _Tokenizer(Protocol):

@@ -59,6 +59,10 @@ class SftConfig(BaseModel):
     or on a GPU, at bfloat16's precision in the activations, and much slower on a CPU without them.
     `auto` takes bfloat16 where the model's device runs it natively (`device.native_bfloat16`) and
     float32 elsewhere, so one config is fast on both kinds of machine."""
+    return_freed_memory: bool = True
+    """Hand freed memory back to the OS while `reinforge sft` trains (`training.memory.
+    returning_freed_memory`, as `[trainer.compute] return_freed_memory` does for RL): batches of
+    changing lengths otherwise leave each step's activations resident."""
 
 
 class SftExample(BaseModel):

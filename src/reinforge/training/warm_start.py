@@ -28,6 +28,7 @@ from reinforge.training.collect import (
     tokenizer_fingerprint,
     trace_examples,
 )
+from reinforge.training.memory import returning_freed_memory
 from reinforge.training.run_config import (
     RunConfig,
     WarmStartSection,
@@ -128,9 +129,10 @@ async def build_warm_start(
         if ws.rewrite
         else None
     )
-    report = await asyncio.to_thread(
-        supervised_finetune, model, examples, ws.sft, pad_id=pad_id, on_step=on_step, augment=augment
-    )
+    with returning_freed_memory(ws.sft.return_freed_memory):
+        report = await asyncio.to_thread(
+            supervised_finetune, model, examples, ws.sft, pad_id=pad_id, on_step=on_step, augment=augment
+        )
     if augment is not None and augment.kept_as_recorded:
         log(f"{augment.kept_as_recorded} drawn examples were used as recorded (ids not lossless as text)")
     out = ws.out_dir(config.base_dir)
