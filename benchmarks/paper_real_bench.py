@@ -88,7 +88,11 @@ def run_one(name: str, args: argparse.Namespace) -> tuple[str, float]:
     """The config's RESULT line and the peak GB of its run (warm start apart)."""
     overrides: dict[str, Any] = {
         "run_dir": Path(args.run_root) / name,
-        "schedule": {"max_steps": args.max_steps, "max_minutes": args.minutes, "val_greedy": True},
+        "schedule": {
+            "max_steps": args.max_steps,
+            "val_greedy": True,
+            **({"max_minutes": args.minutes} if args.minutes is not None else {}),
+        },
     }
     if args.tasks_per_step is not None:
         overrides["rollouts"] = {"tasks_per_step": args.tasks_per_step}
@@ -117,7 +121,9 @@ def main() -> None:
     parser.add_argument("--only", nargs="*", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--val-size", type=int, default=200, help="held-out tasks (>= 200 for a full run)")
     parser.add_argument("--max-steps", type=int, default=60)
-    parser.add_argument("--minutes", type=float, default=10.0, help="RL budget per config")
+    parser.add_argument(
+        "--minutes", type=float, default=None, help="RL budget per config (default: the config's max_minutes)"
+    )
     parser.add_argument("--tasks-per-step", type=int, default=None)
     parser.add_argument("--group-size", type=int, default=None)
     parser.add_argument("--run-root", default="runs/paper-real")
