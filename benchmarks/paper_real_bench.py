@@ -11,13 +11,13 @@ Prints, for each config, `RESULT paper_real_<name> before=<a> after=<b> greedy_b
 greedy_after=<d> rl_minutes=<m> steps=<n> calls_per_episode=<k>`; before/after read the config's
 `[report] metric` (success for sql and calc_x, mean answer F1 for rag); calls_per_episode is the
 mean model calls per held-out episode after training (sampled validation). A config with a
-`[warm_start]` section (calc_x, rag) starts RL from its warm start: built first when its folder is missing
-or with `--rebuild-warm-start` (`reinforge sft`'s own code, timed on its own and printed as
+`[warm_start]` section (every one now) starts RL from its warm start: built first when its folder is
+missing or with `--rebuild-warm-start` (`reinforge sft`'s own code, timed on its own and printed as
 `WARM_START paper_real_<name> minutes=<w> examples=<e> sft_steps=<s> loss=<a>-><b>`), so before is the
-warm-started model. The other configs start from the packaged model with demonstrations in the
-prompt. Each config ends with `MEMORY paper_real_<name> peak_rss_gb=<g>`: the highest summed RSS of
-this process and its children (engine, trainer, store and the runner processes) while the config
-trains and validates, sampled four times a second; the warm start's own peak is on its line.
+warm-started model. sql and sql_lora share one warm start folder: the second finds it built. Each
+config ends with `MEMORY paper_real_<name> peak_rss_gb=<g>`: the highest summed RSS of this process
+and its children (engine, trainer, store and the runner processes) while the config trains and
+validates, sampled four times a second; the warm start's own peak is on its line.
 """
 
 from __future__ import annotations
@@ -63,6 +63,10 @@ def result_line(name: str, fit: FitResult, metric: str) -> str:
     )
 
 
+_REBUILT: set[Path] = set()
+"""Warm start folders built by this run: sql and sql_lora share one, rebuilt once."""
+
+
 def warm_start(name: str, cfg: RunConfig, rebuild: bool) -> str | None:
     """Build the config's warm start when it has one and its folder is missing (or `rebuild`): the
     `WARM_START` line, else None."""
@@ -70,13 +74,14 @@ def warm_start(name: str, cfg: RunConfig, rebuild: bool) -> str | None:
         return None
     from reinforge.training.warm_start import build_warm_start
 
-    out = cfg.warm_start.out_dir(cfg.base_dir)
-    if (out / "config.json").is_file() and not rebuild:
+    out = cfg.warm_start.out_dir(cfg.base_dir).resolve()
+    if (out / "config.json").is_file() and (not rebuild or out in _REBUILT):
         print(f"{name}: warm start {out} already built (--rebuild-warm-start builds it again)", flush=True)
         return None
     started = time.monotonic()
     with PeakTreeRss() as peak:
         report = asyncio.run(build_warm_start(cfg, recollect=rebuild))
+    _REBUILT.add(out)
     return (
         f"WARM_START paper_real_{name} minutes={(time.monotonic() - started) / 60:.2f} "
         f"examples={report.examples} sft_steps={report.sft.steps} "

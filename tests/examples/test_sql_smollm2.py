@@ -1,17 +1,25 @@
 """The Text-to-SQL configs on the real SmolLM2-135M-Instruct: the LangGraph graph's writer, checker and
-rewriter calls through the gateway on the model's own ChatML template, and with per-role adapters a
-training step that leaves the checker frozen (it has no adapter, and the shared base does not move)."""
+rewriter calls through the gateway on the model's own ChatML template, with per-role adapters a
+training step that leaves the checker frozen (it has no adapter, and the shared base does not move),
+and the warm start's traces (the agent recorded against `sql_smollm2_policy.py`)."""
 
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from reinforge.training.run_config import load_dataset, load_run_config, resolve_agent
+from reinforge.inference import GenerationRequest
+from reinforge.inference.scripted import ScriptedBackend
+from reinforge.stack.settings import MODEL_NAME
+from reinforge.store.memory import MemoryStore
+from reinforge.training.collect import collect_traces, recorded_rollouts, trace_examples
+from reinforge.training.run_config import load_callable, load_dataset, load_run_config, resolve_agent
 from reinforge.training.trainer import Trainer
 
 from .smollm2_rollouts import SMOLLM2, run_on_smollm2
@@ -30,7 +38,11 @@ async def test_the_graph_runs_on_the_real_model_with_its_template(smollm2_cache:
     from sql_data import val_tasks
 
     cfg = load_run_config(EXAMPLE / "config_smollm2.toml")
-    assert cfg.model.path == SMOLLM2 and cfg.credit.agents == ["writer", "rewriter"]
+    assert cfg.credit.agents == ["writer", "rewriter"]
+    # The config's model is the warm start's output folder, built by `reinforge sft`: the graph and its
+    # template are the same on the base the warm start trains, which this test runs.
+    assert cfg.warm_start is not None and cfg.warm_start.base == SMOLLM2
+    assert (cfg.base_dir / cfg.model.path).resolve() == cfg.warm_start.out_dir(cfg.base_dir).resolve()
     recorded = await run_on_smollm2(
         smollm2_cache, resolve_agent(cfg), val_tasks(1), cfg.credit, max_tokens=16
     )
@@ -80,3 +92,175 @@ def test_a_training_step_leaves_the_checker_frozen(smollm2_cache: Path, tmp_path
         assert torch.equal(param.detach().float(), original[key].float()), name
         compared += 1
     assert compared == len(original) or compared >= 200
+
+
+def test_both_configs_share_one_warm_start() -> None:
+    plain, lora = (
+        load_run_config(EXAMPLE / name) for name in ("config_smollm2.toml", "config_smollm2_lora.toml")
+    )
+    assert plain.warm_start is not None and plain.warm_start == lora.warm_start
+    assert plain.model.path == lora.model.path
+    assert plain.warm_start.agents is None  # the checker's verdicts are trained too: RL keeps it frozen
+    assert plain.warm_start.max_tokens <= plain.trainer.rollouts.max_tokens
+
+
+def _policy() -> Any:
+    """The policy module (`reply`, `plan`, `MIX`, ...), as the config names it."""
+    import sql_smollm2_policy
+
+    cfg = load_run_config(EXAMPLE / "config_smollm2.toml")
+    assert cfg.warm_start is not None and cfg.warm_start.policy == "sql_smollm2_policy:reply"
+    return sql_smollm2_policy
+
+
+def _ask(messages: list[Any]) -> str:
+    from langchain_core.messages import convert_to_openai_messages
+
+    request = GenerationRequest(messages=convert_to_openai_messages(messages))
+    return str(_policy().reply(request))
+
+
+def planned_conversation(task: dict[str, Any]) -> tuple[float, Counter[str]]:
+    """The graph's loop (sql_smollm2.py's prompts, sql_agent.py's routing) answered by the policy,
+    without the gateway: the last query's reward and the calls per role. The checker's verdict is
+    checked against execution on the task's own database at every turn."""
+    from sql_agent import MAX_ROUNDS, run_preview
+    from sql_data import database_path, execution_match, extract_sql
+    from sql_smollm2 import checker_messages, rewriter_messages, writer_messages
+
+    schema, question, db = str(task["schema"]), str(task["question"]), str(task["db_id"])
+    calls: Counter[str] = Counter(writer=1)
+    sql, rounds = extract_sql(_ask(writer_messages(schema, question))), 1
+    while True:
+        preview = run_preview(db, sql)
+        verdict = _ask(checker_messages(question, sql, preview))
+        calls["checker"] += 1
+        right = execution_match(database_path(db), sql, str(task["gold_sql"]))
+        assert verdict == ("OK" if right else "WRONG"), (question, sql, preview)
+        if verdict == "OK" or rounds >= MAX_ROUNDS:
+            return right, calls
+        sql, rounds = extract_sql(_ask(rewriter_messages(schema, question, sql, preview))), rounds + 1
+        calls["rewriter"] += 1
+
+
+def test_the_policy_plans_each_role_and_the_designed_mix(smollm2_cache: Path) -> None:
+    from sql_data import database_path, execution_match, train_tasks
+
+    policy = _policy()
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_cache / SMOLLM2)
+    cfg = load_run_config(EXAMPLE / "config_smollm2.toml")
+    assert cfg.warm_start is not None and cfg.warm_start.tasks == 400
+    tasks = train_tasks()[: cfg.warm_start.tasks]
+    kinds: Counter[str] = Counter()
+    ended_right, calls = 0.0, Counter[str]()
+    longest = 0
+    for task in tasks:
+        schema, question, gold = str(task["schema"]), str(task["question"]), str(task["gold_sql"])
+        drawn = policy.plan(schema, question)
+        assert drawn == policy.plan(schema, question) and drawn.gold == gold  # one plan per question
+        db = database_path(str(task["db_id"]))
+        if drawn.kind == "right":
+            assert drawn.writer == gold
+        else:  # a mistake that returns something else (or fails) on the task's own database
+            assert drawn.writer != gold and not execution_match(db, drawn.writer, gold)
+            if drawn.kind == "unquoted":
+                assert drawn.writer == policy.unquoted(gold) and "'" not in drawn.writer
+            else:
+                assert drawn.writer in task["wrong_sql"]
+        assert all(not execution_match(db, m, gold) for m in drawn.mistakes)
+        kinds[drawn.kind] += 1
+        reward, used = planned_conversation(task)
+        ended_right += reward
+        calls += used
+        for sql in (gold, *drawn.mistakes):  # every reply the writer or rewriter can give, with <|im_end|>
+            longest = max(longest, len(tokenizer.encode(sql, add_special_tokens=False)) + 1)
+    # The designed mix (sql_smollm2_policy.MIX): the writer's mistake is the likelier turn (0.6), a
+    # rewrite is gold 5% of the time, so 0.4 + 0.6 x (1 - 0.95^2) = 0.46 of conversations end right.
+    wrong = (kinds["unquoted"] + kinds["near_miss"]) / len(tasks)
+    assert 0.52 < wrong < 0.68 and kinds["unquoted"] > 10 and kinds["near_miss"] > 150
+    assert 0.35 <= ended_right / len(tasks) <= 0.5
+    assert calls["writer"] == len(tasks) and calls["rewriter"] > 300 and calls["checker"] > 700
+    assert longest <= cfg.warm_start.max_tokens
+    for verdict in ("OK", "WRONG"):  # the agent gives the checker 4 tokens
+        assert len(tokenizer.encode(verdict, add_special_tokens=False)) + 1 <= 4
+
+
+def test_the_rewriter_fixes_or_tries_another_mistake() -> None:
+    from sql_data import train_tasks
+
+    policy = _policy()
+    outcomes: Counter[str] = Counter()
+    for task in train_tasks()[:200]:
+        schema, question = str(task["schema"]), str(task["question"])
+        drawn = policy.plan(schema, question)
+        if drawn.kind == "right":
+            continue
+        again = policy.rewrite(schema, question, drawn.writer)
+        assert again == policy.rewrite(schema, question, drawn.writer)  # drawn once per rejected query
+        assert again != drawn.writer and (again == drawn.gold or again in drawn.mistakes)
+        outcomes["fixed" if again == drawn.gold else "another"] += 1
+    assert outcomes["another"] > 5 * outcomes["fixed"] > 0
+
+
+def test_the_policy_refuses_a_held_out_question() -> None:
+    from sql_data import val_tasks
+    from sql_smollm2 import checker_messages, writer_messages
+
+    task = val_tasks(1)[0]
+    with pytest.raises(ValueError, match="held-out question"):
+        _ask(writer_messages(str(task["schema"]), str(task["question"])))
+    with pytest.raises(ValueError, match="held-out question"):
+        _ask(checker_messages(str(task["question"]), str(task["gold_sql"]), "1"))
+
+
+async def test_warm_start_traces_are_every_roles_own_tokens(smollm2_cache: Path) -> None:
+    """`reinforge sft`'s recording step on the real tokenizer: the unchanged graph against the policy,
+    each call its own example (writer, checker and rewriter), the rewards the plans' outcomes and the
+    trained replies within the agent's limits."""
+    cfg = load_run_config(EXAMPLE / "config_smollm2.toml")
+    ws = cfg.warm_start
+    assert ws is not None and ws.policy is not None
+    from sql_data import train_tasks
+    from sql_smollm2 import CHECKER_SYSTEM, DEMO_SQL, REWRITER_SYSTEM, WRITER_SYSTEM
+
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_cache / SMOLLM2)
+    policy = load_callable(ws.policy, cfg.base_dir, what="policy")
+    tasks = train_tasks()[:12]
+    store = MemoryStore()
+    backend = ScriptedBackend(tokenizer, policy, model_name=MODEL_NAME, compact_json=ws.compact_json)
+    report = await collect_traces(
+        resolve_agent(cfg), tasks, backend, store, concurrency=12, max_tokens=ws.max_tokens
+    )
+    assert report.rollouts == report.succeeded == len(tasks)
+    rewards = {str(r.task["question"]): r.reward for r in await recorded_rollouts(store)}
+    calls = Counter[str]()
+    for task in tasks:  # the recorded reward is the planned conversation's
+        reward, used = planned_conversation(task)
+        assert rewards[str(task["question"])] == reward
+        calls += used
+    assert 0.0 < report.mean_reward < 1.0  # the mix: some right, some wrong
+
+    examples = await trace_examples(store)
+    assert len(examples) == sum(calls.values())  # separate prompts: one example per call
+    roles = Counter[str]()
+    for example in examples:
+        prompt = tokenizer.decode(example.input_ids[: example.loss_mask.index(1)])
+        trained_ids = [t for t, m in zip(example.input_ids, example.loss_mask, strict=True) if m]
+        trained = tokenizer.decode(trained_ids)
+        assert prompt.startswith("<|im_start|>system\n") and prompt.endswith("<|im_start|>assistant\n")
+        assert DEMO_SQL in prompt and trained.endswith("<|im_end|>")  # the demonstration is context
+        role = next(
+            r
+            for r, s in (
+                ("writer", WRITER_SYSTEM),
+                ("checker", CHECKER_SYSTEM),
+                ("rewriter", REWRITER_SYSTEM),
+            )
+            if s in prompt
+        )
+        roles[role] += 1
+        if role == "checker":
+            assert trained in ("OK<|im_end|>", "WRONG<|im_end|>") and len(trained_ids) <= 4
+        else:
+            assert trained.startswith("SELECT ") and len(trained_ids) <= ws.max_tokens
+    assert roles == calls

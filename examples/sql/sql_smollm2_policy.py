@@ -1,0 +1,187 @@
+"""The scripted policy `reinforge sft` records `sql_smollm2.py`'s LangGraph writer -> run -> checker ->
+rewriter loop against.
+
+The agent runs unchanged on training tasks; each role's call (told apart by its system message) is
+answered as that role would, on the request's last user turn (earlier ones are the demonstration).
+The gateway records the exact token ids of every prompt and reply, so the warm start trains on what
+the model will see.
+
+The plan is a mix, as calc_x's and rag's warm starts' are: the writer mostly makes a plausible,
+systematic mistake (a string value left unquoted, as the base model does, or one of the task's near
+misses: the other comparison or order, another column, a condition left out) and otherwise writes the
+gold query; the checker tells the truth (it stays frozen during RL, so the loop only works if it
+starts right); the rewriter, after a WRONG, writes the gold query some of the time and another
+mistake otherwise. The warm-started model then solves part of the tasks with the query's decisive
+tokens left for RL to teach, instead of a prompt-only model whose checker answers `Rows: 2` and whose
+writer never scores (docs/experiments.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from functools import lru_cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from sql_agent import run_preview
+from sql_data import database_path, execution_match, train_tasks, val_tasks
+from sql_smollm2 import CHECKER_SYSTEM, REWRITER_SYSTEM, WRITER_SYSTEM
+
+from reinforge.inference import GenerationRequest
+from reinforge.inference.scripted import turns_since_question
+
+Role = Literal["writer", "checker", "rewriter"]
+SYSTEMS: dict[str, Role] = {WRITER_SYSTEM: "writer", CHECKER_SYSTEM: "checker", REWRITER_SYSTEM: "rewriter"}
+
+
+class PlanMix(BaseModel):
+    """How often each role's turn is wrong."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    writer_wrong: float = Field(default=0.6, ge=0.0, le=1.0)
+    """The writer's mistake. Above one half, so the warm start's greedy writer makes it and RL has that
+    decision to reverse (calc_x's warm start computes left to right 60% of the time, rag's takes the
+    trap 55%, for the same reason)."""
+    unquoted: float = Field(default=0.5, ge=0.0, le=1.0)
+    """Of the writer's mistakes on a query with a string value: that value unquoted (the base model's
+    own mistake, an error the rows show); the rest are the task's near misses, which run."""
+    rewriter_right: float = Field(default=0.05, ge=0.0, le=1.0)
+    """A rewrite is the gold query. Small, because the writer alone ends right in 1 - writer_wrong of
+    the conversations and the recorded mix should stay below one half right."""
+
+
+MIX = PlanMix()
+
+WriterKind = Literal["right", "unquoted", "near_miss"]
+
+
+class Plan(BaseModel):
+    """One question's queries: what the writer writes, and the mistakes a rewrite can make."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gold: str
+    writer: str
+    kind: WriterKind
+    mistakes: list[str]
+    """Every planned wrong query; each returns something else than gold on every training database
+    the question is asked of."""
+
+
+class HeldOutQuestionError(ValueError):
+    """The question is not a training question: the warm start must never see a held-out one."""
+
+
+@lru_cache(maxsize=1)
+def _training_tasks() -> dict[str, list[dict[str, Any]]]:
+    """Every training task (the config's `[data] train`), by question: instances of a domain share
+    questions, so one question may be asked of several databases."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for task in train_tasks():
+        found.setdefault(str(task["question"]), []).append(task)
+    return found
+
+
+def training_tasks(question: str, schema: str | None = None) -> list[dict[str, Any]]:
+    """The training tasks asking `question` (of `schema` when given); a held-out or unknown question
+    is refused."""
+    found = [
+        t
+        for t in _training_tasks().get(question.strip(), [])
+        if schema is None or t["schema"] == schema.strip()
+    ]
+    if not found:
+        held_out = any(t["question"] == question.strip() for t in val_tasks())
+        raise HeldOutQuestionError(
+            f"{'a held-out' if held_out else 'not a training'} question: {question!r} "
+            "(the warm start records training tasks only)"
+        )
+    return found
+
+
+def _rng(*parts: str) -> random.Random:
+    return random.Random(int.from_bytes(hashlib.sha256("\x1f".join(parts).encode()).digest()[:8], "big"))
+
+
+_STRING_VALUE = re.compile(r"'([^']*)'")
+
+
+def unquoted(sql: str) -> str | None:
+    """The query with its string values' quotes dropped (`country = Italy`), or None without one."""
+    bare = _STRING_VALUE.sub(lambda m: m.group(1), sql)
+    return None if bare == sql else bare
+
+
+def _wrong_everywhere(sql: str, tasks: list[dict[str, Any]]) -> bool:
+    return all(not execution_match(database_path(str(t["db_id"])), sql, str(t["gold_sql"])) for t in tasks)
+
+
+@lru_cache(maxsize=8192)
+def plan(schema: str, question: str, mix: PlanMix = MIX) -> Plan:
+    """The question's queries, drawn once per question (seeded by its text)."""
+    tasks = training_tasks(question, schema)
+    gold = str(tasks[0]["gold_sql"])
+    bare = unquoted(gold)
+    near = list(dict.fromkeys(str(w) for t in tasks for w in t["wrong_sql"]))
+    bare_ok = bare is not None and _wrong_everywhere(bare, tasks)
+    near = [w for w in near if w != gold and _wrong_everywhere(w, tasks)]
+    mistakes = ([bare] if bare is not None and bare_ok else []) + near
+    rng = _rng(question.strip())
+    if mistakes and rng.random() < mix.writer_wrong:
+        if bare is not None and bare_ok and (not near or rng.random() < mix.unquoted):
+            return Plan(gold=gold, writer=bare, kind="unquoted", mistakes=mistakes)
+        return Plan(gold=gold, writer=rng.choice(near), kind="near_miss", mistakes=mistakes)
+    return Plan(gold=gold, writer=gold, kind="right", mistakes=mistakes)
+
+
+def rewrite(schema: str, question: str, previous: str, mix: PlanMix = MIX) -> str:
+    """The rewriter's query after `previous` was rejected: gold some of the time, else another of the
+    plan's mistakes (drawn once per question and rejected query)."""
+    drawn = plan(schema, question, mix)
+    rng = _rng(question.strip(), previous)
+    others = [m for m in drawn.mistakes if m != previous]
+    if not others or rng.random() < mix.rewriter_right:
+        return drawn.gold
+    return rng.choice(others)
+
+
+def verdict(question: str, sql: str, rows: str) -> str:
+    """OK exactly when the query returns what gold returns on the task's database: the one, among the
+    databases the question is asked of, whose preview is the rows shown."""
+    tasks = training_tasks(question)
+    shown = [t for t in tasks if run_preview(str(t["db_id"]), sql) == rows.strip()] or tasks
+    task = shown[0]
+    return "OK" if execution_match(database_path(str(task["db_id"])), sql, str(task["gold_sql"])) else "WRONG"
+
+
+def _fields(text: str) -> dict[str, str]:
+    """`Schema: ...\\nQuestion: ...\\nSQL: ...\\nRows: ...` as its labelled lines."""
+    fields: dict[str, str] = {}
+    for line in text.split("\n"):
+        label, sep, value = line.partition(": ")
+        if sep and label in ("Schema", "Question", "SQL", "Rows"):
+            fields[label] = value
+    return fields
+
+
+def role_of(request: GenerationRequest) -> Role:
+    """Which of sql_smollm2.py's roles made the call, by its system message."""
+    messages = request.messages or []
+    system = str(messages[0].get("content") or "") if messages and messages[0].get("role") == "system" else ""
+    if system not in SYSTEMS:
+        raise ValueError(f"not a call of sql_smollm2.py's roles (system message {system[:60]!r})")
+    return SYSTEMS[system]
+
+
+def reply(request: GenerationRequest) -> str:
+    """The role's turn for this conversation."""
+    role = role_of(request)
+    fields = _fields(turns_since_question(request)[0])
+    if role == "checker":
+        return verdict(fields["Question"], fields["SQL"], fields.get("Rows", ""))
+    if role == "writer":
+        return plan(fields["Schema"], fields["Question"]).writer
+    return rewrite(fields["Schema"], fields["Question"], fields["SQL"])
