@@ -87,3 +87,37 @@ async def run_on_smollm2(
             )
         )
     return recorded
+
+
+@dataclass
+class RecordedTraces:
+    """`reinforge sft`'s recording step for one config: what the store holds and how it reads."""
+
+    store: MemoryStore
+    tokenizer: Any
+    mean_reward: float
+    rewards: dict[str, float]
+    """Each recorded rollout's reward, by its task's question."""
+
+
+async def record_warm_start(cfg: Any, cache: Path, tasks: list[dict[str, Any]]) -> RecordedTraces:
+    """The config's unchanged agent on `tasks`, each call answered by its `[warm_start] policy` through
+    a `ScriptedBackend` with SmolLM2's real tokenizer, recorded as `reinforge sft` records; every
+    rollout must succeed."""
+    from reinforge.inference.scripted import ScriptedBackend
+    from reinforge.stack.settings import MODEL_NAME
+    from reinforge.training.collect import collect_traces, recorded_rollouts
+    from reinforge.training.run_config import load_callable, resolve_agent
+
+    ws = cfg.warm_start
+    assert ws is not None and ws.policy is not None
+    tokenizer = AutoTokenizer.from_pretrained(cache / SMOLLM2)
+    policy = load_callable(ws.policy, cfg.base_dir, what="policy")
+    store = MemoryStore()
+    backend = ScriptedBackend(tokenizer, policy, model_name=MODEL_NAME, compact_json=ws.compact_json)
+    report = await collect_traces(
+        resolve_agent(cfg), tasks, backend, store, concurrency=12, max_tokens=ws.max_tokens
+    )
+    assert report.rollouts == report.succeeded == len(tasks)
+    rewards = {str(r.task["question"]): r.reward for r in await recorded_rollouts(store)}
+    return RecordedTraces(store, tokenizer, report.mean_reward, rewards)

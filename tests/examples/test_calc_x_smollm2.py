@@ -9,17 +9,13 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from transformers import AutoTokenizer
 
 from reinforge.demo.tasks import is_held_out, train_tasks, val_tasks
 from reinforge.inference import GenerationRequest
-from reinforge.inference.scripted import ScriptedBackend
-from reinforge.stack.settings import MODEL_NAME
-from reinforge.store.memory import MemoryStore
-from reinforge.training.collect import collect_traces, recorded_rollouts, trace_examples
+from reinforge.training.collect import trace_examples
 from reinforge.training.run_config import load_callable, load_run_config, resolve_agent
 
-from .smollm2_rollouts import SMOLLM2, run_on_smollm2
+from .smollm2_rollouts import SMOLLM2, record_warm_start, run_on_smollm2
 
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "calc_x" / "config_smollm2.toml"
 
@@ -77,22 +73,15 @@ async def test_warm_start_traces_are_the_agents_own_tokens_spelt_as_its_demonstr
     cfg = load_run_config(CONFIG)
     ws = cfg.warm_start
     assert ws is not None and ws.policy is not None and not ws.compact_json
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_cache / SMOLLM2)
-    policy = load_callable(ws.policy, cfg.base_dir, what="policy")
     plan = load_callable(ws.policy.replace(":reply", ":plan"), cfg.base_dir, what="plan")
     tasks = train_tasks(12)
-    store = MemoryStore()
-    backend = ScriptedBackend(tokenizer, policy, model_name=MODEL_NAME, compact_json=ws.compact_json)
-    report = await collect_traces(
-        resolve_agent(cfg), tasks, backend, store, concurrency=12, max_tokens=ws.max_tokens
-    )
-    assert report.rollouts == report.succeeded == len(tasks)
-    rollouts = await recorded_rollouts(store)
-    rewards = {str(r.task["question"]): r.reward for r in rollouts}
+    recorded = await record_warm_start(cfg, smollm2_cache, tasks)
+    store, tokenizer = recorded.store, recorded.tokenizer
+    rewards = recorded.rewards
     for task in tasks:  # the agent's reward is the plan's: 1 exactly when the plan ends on the answer
         assert not is_held_out(str(task["question"]))
         assert rewards[str(task["question"])] == float(plan(str(task["question"]))[-1] == task["answer"])
-    assert 0.0 < report.mean_reward < 1.0  # the mix: some right, some wrong
+    assert 0.0 < recorded.mean_reward < 1.0  # the mix: some right, some wrong
 
     examples = await trace_examples(store)
     assert len(examples) == len(tasks)  # each conversation's calls merge into one sequence

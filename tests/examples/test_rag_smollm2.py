@@ -10,16 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from transformers import AutoTokenizer
 
 from reinforge.inference import GenerationRequest
-from reinforge.inference.scripted import ScriptedBackend
-from reinforge.stack.settings import MODEL_NAME
-from reinforge.store.memory import MemoryStore
-from reinforge.training.collect import collect_traces, recorded_rollouts, trace_examples
+from reinforge.training.collect import trace_examples
 from reinforge.training.run_config import load_callable, load_run_config, resolve_agent
 
-from .smollm2_rollouts import SMOLLM2, run_on_smollm2
+from .smollm2_rollouts import SMOLLM2, record_warm_start, run_on_smollm2
 
 CONFIG = Path(__file__).resolve().parents[2] / "examples" / "rag" / "config_smollm2.toml"
 
@@ -135,21 +131,15 @@ async def test_warm_start_traces_are_the_agents_own_tokens_spelt_as_its_demonstr
     from rag_data import answer_f1, train_tasks
     from rag_smollm2 import DEMO_QUESTION
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_cache / SMOLLM2)
-    policy = load_callable(ws.policy, cfg.base_dir, what="policy")
     plan = _plan(ws.policy, cfg.base_dir)
     tasks = train_tasks(12)
-    store = MemoryStore()
-    backend = ScriptedBackend(tokenizer, policy, model_name=MODEL_NAME, compact_json=ws.compact_json)
-    report = await collect_traces(
-        resolve_agent(cfg), tasks, backend, store, concurrency=12, max_tokens=ws.max_tokens
-    )
-    assert report.rollouts == report.succeeded == len(tasks)
-    rewards = {str(r.task["question"]): r.reward for r in await recorded_rollouts(store)}
+    recorded = await record_warm_start(cfg, smollm2_cache, tasks)
+    store, tokenizer = recorded.store, recorded.tokenizer
+    rewards = recorded.rewards
     for task in tasks:  # the agent's reward is the plan's answer F1 (every plan searches)
         drawn = plan(str(task["question"]))
         assert rewards[str(task["question"])] == pytest.approx(answer_f1(drawn.answer, str(task["answer"])))
-    assert 0.0 < report.mean_reward < 1.0  # the mix: some right, some wrong
+    assert 0.0 < recorded.mean_reward < 1.0  # the mix: some right, some wrong
 
     examples = await trace_examples(store)
     assert len(examples) == len(tasks)  # each conversation's calls merge into one sequence

@@ -15,14 +15,11 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from reinforge.inference import GenerationRequest
-from reinforge.inference.scripted import ScriptedBackend
-from reinforge.stack.settings import MODEL_NAME
-from reinforge.store.memory import MemoryStore
-from reinforge.training.collect import collect_traces, recorded_rollouts, trace_examples
-from reinforge.training.run_config import load_callable, load_dataset, load_run_config, resolve_agent
+from reinforge.training.collect import trace_examples
+from reinforge.training.run_config import load_dataset, load_run_config, resolve_agent
 from reinforge.training.trainer import Trainer
 
-from .smollm2_rollouts import SMOLLM2, run_on_smollm2
+from .smollm2_rollouts import SMOLLM2, record_warm_start, run_on_smollm2
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sql"
 
@@ -223,22 +220,16 @@ async def test_warm_start_traces_are_every_roles_own_tokens(smollm2_cache: Path)
     from sql_data import train_tasks
     from sql_smollm2 import CHECKER_SYSTEM, DEMO_SQL, REWRITER_SYSTEM, WRITER_SYSTEM
 
-    tokenizer = AutoTokenizer.from_pretrained(smollm2_cache / SMOLLM2)
-    policy = load_callable(ws.policy, cfg.base_dir, what="policy")
     tasks = train_tasks()[:12]
-    store = MemoryStore()
-    backend = ScriptedBackend(tokenizer, policy, model_name=MODEL_NAME, compact_json=ws.compact_json)
-    report = await collect_traces(
-        resolve_agent(cfg), tasks, backend, store, concurrency=12, max_tokens=ws.max_tokens
-    )
-    assert report.rollouts == report.succeeded == len(tasks)
-    rewards = {str(r.task["question"]): r.reward for r in await recorded_rollouts(store)}
+    recorded = await record_warm_start(cfg, smollm2_cache, tasks)
+    store, tokenizer = recorded.store, recorded.tokenizer
+    rewards = recorded.rewards
     calls = Counter[str]()
     for task in tasks:  # the recorded reward is the planned conversation's
         reward, used = planned_conversation(task)
         assert rewards[str(task["question"])] == reward
         calls += used
-    assert 0.0 < report.mean_reward < 1.0  # the mix: some right, some wrong
+    assert 0.0 < recorded.mean_reward < 1.0  # the mix: some right, some wrong
 
     examples = await trace_examples(store)
     assert len(examples) == sum(calls.values())  # separate prompts: one example per call
