@@ -9,9 +9,10 @@ the model will see.
 The plan is a mix, as calc_x's and rag's warm starts' are: the writer mostly makes a plausible,
 systematic mistake (a string value left unquoted, as the base model does, or one of the task's near
 misses: the other comparison or order, another column, a condition left out) and otherwise writes the
-gold query; the checker tells the truth (it stays frozen during RL, so the loop only works if it
-starts right); the rewriter, after a WRONG, writes the gold query some of the time and another
-mistake otherwise. The warm-started model then solves part of the tasks with the query's decisive
+gold query; the checker judges what its prompt shows, the rows: WRONG when the query failed or
+returned none, OK otherwise (it stays frozen during RL, so the loop only works if it starts with a
+verdict it can read off its prompt); the rewriter, after a WRONG, writes the gold query some of the
+time and another mistake otherwise. The warm-started model then solves part of the tasks with the query's decisive
 tokens left for RL to teach, instead of a prompt-only model whose checker answers `Rows: 2` and whose
 writer never scores (docs/experiments.md).
 """
@@ -25,7 +26,6 @@ from functools import lru_cache
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from sql_agent import run_preview
 from sql_data import database_path, execution_match, train_tasks, val_tasks
 from sql_smollm2 import CHECKER_SYSTEM, REWRITER_SYSTEM, WRITER_SYSTEM
 
@@ -48,9 +48,9 @@ class PlanMix(BaseModel):
     unquoted: float = Field(default=0.5, ge=0.0, le=1.0)
     """Of the writer's mistakes on a query with a string value: that value unquoted (the base model's
     own mistake, an error the rows show); the rest are the task's near misses, which run."""
-    rewriter_right: float = Field(default=0.05, ge=0.0, le=1.0)
-    """A rewrite is the gold query. Small, because the writer alone ends right in 1 - writer_wrong of
-    the conversations and the recorded mix should stay below one half right."""
+    rewriter_right: float = Field(default=0.3, ge=0.0, le=1.0)
+    """A rewrite is the gold query. Below one half, so the warm start's greedy rewriter repeats a
+    mistake and RL has that decision to reverse too (it mostly sees an unquoted value's error)."""
 
 
 MIX = PlanMix()
@@ -149,12 +149,15 @@ def rewrite(schema: str, question: str, previous: str, mix: PlanMix = MIX) -> st
 
 
 def verdict(question: str, sql: str, rows: str) -> str:
-    """OK exactly when the query returns what gold returns on the task's database: the one, among the
-    databases the question is asked of, whose preview is the rows shown."""
-    tasks = training_tasks(question)
-    shown = [t for t in tasks if run_preview(str(t["db_id"]), sql) == rows.strip()] or tasks
-    task = shown[0]
-    return "OK" if execution_match(database_path(str(task["db_id"])), sql, str(task["gold_sql"])) else "WRONG"
+    """WRONG when the rows are an error or none, else OK: what the checker can read off its prompt.
+
+    The checker sees the question, the query and its first rows, never the schema or the gold query,
+    so whether plausible rows are the right ones is not in its prompt. Trained on verdicts by
+    execution instead, the frozen checker learned the majority answer, WRONG, and sent right queries
+    to the rewriter (docs/experiments.md, "sql's warm start"). The question must be a training one."""
+    training_tasks(question)
+    shown = rows.strip()
+    return "WRONG" if shown == "none" or shown.startswith("error:") else "OK"
 
 
 def _fields(text: str) -> dict[str, str]:

@@ -120,7 +120,7 @@ def _ask(messages: list[Any]) -> str:
 def planned_conversation(task: dict[str, Any]) -> tuple[float, Counter[str]]:
     """The graph's loop (sql_smollm2.py's prompts, sql_agent.py's routing) answered by the policy,
     without the gateway: the last query's reward and the calls per role. The checker's verdict is
-    checked against execution on the task's own database at every turn."""
+    checked against the rows it was shown at every turn: WRONG for an error or none, else OK."""
     from sql_agent import MAX_ROUNDS, run_preview
     from sql_data import database_path, execution_match, extract_sql
     from sql_smollm2 import checker_messages, rewriter_messages, writer_messages
@@ -133,7 +133,8 @@ def planned_conversation(task: dict[str, Any]) -> tuple[float, Counter[str]]:
         verdict = _ask(checker_messages(question, sql, preview))
         calls["checker"] += 1
         right = execution_match(database_path(db), sql, str(task["gold_sql"]))
-        assert verdict == ("OK" if right else "WRONG"), (question, sql, preview)
+        failed = preview == "none" or preview.startswith("error:")
+        assert verdict == ("WRONG" if failed else "OK"), (question, sql, preview)
         if verdict == "OK" or rounds >= MAX_ROUNDS:
             return right, calls
         sql, rounds = extract_sql(_ask(rewriter_messages(schema, question, sql, preview))), rounds + 1
@@ -171,12 +172,14 @@ def test_the_policy_plans_each_role_and_the_designed_mix(smollm2_cache: Path) ->
         calls += used
         for sql in (gold, *drawn.mistakes):  # every reply the writer or rewriter can give, with <|im_end|>
             longest = max(longest, len(tokenizer.encode(sql, add_special_tokens=False)) + 1)
-    # The designed mix (sql_smollm2_policy.MIX): the writer's mistake is the likelier turn (0.6), a
-    # rewrite is gold 5% of the time, so 0.4 + 0.6 x (1 - 0.95^2) = 0.46 of conversations end right.
+    # The designed mix (sql_smollm2_policy.MIX): the writer's mistake is the likelier turn (0.6). A near
+    # miss runs and shows rows, so the checker passes it; an unquoted value's error (or no rows) sends
+    # the query to the rewriter, gold 30% of the time: about 0.4 of conversations end right.
     wrong = (kinds["unquoted"] + kinds["near_miss"]) / len(tasks)
     assert 0.52 < wrong < 0.68 and kinds["unquoted"] > 10 and kinds["near_miss"] > 150
     assert 0.35 <= ended_right / len(tasks) <= 0.5
-    assert calls["writer"] == len(tasks) and calls["rewriter"] > 300 and calls["checker"] > 700
+    assert calls["writer"] == len(tasks) and 20 <= calls["rewriter"] <= 3 * kinds["unquoted"]
+    assert calls["checker"] == calls["writer"] + calls["rewriter"]  # every query is checked once
     assert longest <= cfg.warm_start.max_tokens
     for verdict in ("OK", "WRONG"):  # the agent gives the checker 4 tokens
         assert len(tokenizer.encode(verdict, add_special_tokens=False)) + 1 <= 4
@@ -196,7 +199,7 @@ def test_the_rewriter_fixes_or_tries_another_mistake() -> None:
         assert again == policy.rewrite(schema, question, drawn.writer)  # drawn once per rejected query
         assert again != drawn.writer and (again == drawn.gold or again in drawn.mistakes)
         outcomes["fixed" if again == drawn.gold else "another"] += 1
-    assert outcomes["another"] > 5 * outcomes["fixed"] > 0
+    assert outcomes["another"] > outcomes["fixed"] > 0.15 * outcomes["another"]  # gold 30% of the time
 
 
 def test_the_policy_refuses_a_held_out_question() -> None:

@@ -162,6 +162,19 @@ def test_sft_command_records_trains_and_saves_a_loadable_model(tokenizer: Any, t
     assert asyncio.run(_recorded_count(tmp_path / "traces.db")) == 6
 
 
+def test_recollect_trains_on_the_new_recording_alone(tokenizer: Any, tmp_path: Path) -> None:
+    """Recording again is what a changed policy asks for: the earlier recording (same tokenizer) stays
+    in the store but is not trained on, or the two plans would be mixed."""
+    config = write_config(tmp_path, tokenizer)
+    assert CliRunner().invoke(app, ["sft", str(config), "--steps", "1"]).exit_code == 0
+    again = CliRunner().invoke(app, ["sft", str(config), "--steps", "1", "--recollect"])
+    assert again.exit_code == 0, again.output
+    assert "recorded 6/6 rollouts" in again.output and "on 6 sequences" in again.output
+    assert asyncio.run(_recorded_count(tmp_path / "traces.db")) == 12
+    plain = CliRunner().invoke(app, ["sft", str(config), "--steps", "1"])  # no recording: all of them
+    assert plain.exit_code == 0 and "on 12 sequences" in plain.output, plain.output
+
+
 def test_traces_of_another_tokenizer_are_refused_and_left_out_once_recorded_anew(
     tokenizer: Any, tmp_path: Path
 ) -> None:

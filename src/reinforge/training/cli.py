@@ -92,7 +92,12 @@ def train_command(
 def sft_command(
     config: Annotated[Path, typer.Argument(help="The run's TOML file, with a [warm_start] section.")],
     recollect: Annotated[
-        bool, typer.Option("--recollect", help="Record new traces even if the trace store has some.")
+        bool,
+        typer.Option(
+            "--recollect",
+            help="Record new traces even if the trace store has some, and train on the new ones alone "
+            "(the earlier ones stay in the store).",
+        ),
     ] = False,
     steps: Annotated[
         int | None, typer.Option("--steps", min=1, help="Override [warm_start.sft] steps.")

@@ -57,6 +57,8 @@ class CollectReport(BaseModel):
     succeeded: int
     mean_reward: float
     seconds: float
+    resources_version: int
+    """The version the collection's rollouts name: `trace_examples` reads this recording alone by it."""
 
 
 async def collect_traces(
@@ -147,6 +149,7 @@ async def collect_traces(
         succeeded=len(done),
         mean_reward=sum(r.reward or 0.0 for r in done) / len(done) if done else 0.0,
         seconds=time.monotonic() - started,
+        resources_version=resources.version,
     )
 
 
@@ -197,16 +200,20 @@ async def trace_examples(
     min_reward: float | None = None,
     agents: Sequence[str] | None = None,
     tokenizer_id: str | None = None,
+    resources_version: int | None = None,
 ) -> list[SftExample]:
     """Supervised examples from the conversations recorded in `store`.
 
     A rollout's calls are merged into one sequence where each call's prompt extends the previous
     call's tokens (tool results are context, not targets), as RL's merged credit mode does. Only
-    rollouts whose reward reaches `min_reward` are kept, only the calls of `agents` (all: None), and
-    with `tokenizer_id`, none recorded with another tokenizer (those whose collection did not say stay).
+    rollouts whose reward reaches `min_reward` are kept, only the calls of `agents` (all: None), with
+    `tokenizer_id`, none recorded with another tokenizer (those whose collection did not say stay),
+    and with `resources_version`, only one collection's (`CollectReport.resources_version`).
     """
     credit = CreditConfig(mode="merged", agents=list(agents) if agents else None)
     rollouts = await recorded_rollouts(store)
+    if resources_version is not None:
+        rollouts = [r for r in rollouts if r.resources_version == resources_version]
     if tokenizer_id is not None:
         recorded_with = await recorded_tokenizers(store, rollouts)
         rollouts = [r for r in rollouts if recorded_with[r.resources_version] in (None, tokenizer_id)]

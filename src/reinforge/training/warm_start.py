@@ -76,7 +76,9 @@ async def build_warm_start(
     on_step: Callable[[int, float], None] | None = None,
     log: Callable[[str], None] = print,
 ) -> WarmStartReport:
-    """Record traces (unless the store holds some and `recollect` is off), train, save to `out`."""
+    """Record traces (unless the store holds some and `recollect` is off), train, save to `out`.
+
+    Without `recollect` every recording in the store is trained on; with it, only the new one."""
     ws = section(config)
     model, tokenizer = load_base(config)
     store = await open_store(ws.store_url(config.base_dir))
@@ -116,7 +118,13 @@ async def build_warm_start(
                 f"(mean reward {collected.mean_reward:.3f})"
             )
         examples = await trace_examples(
-            store, min_reward=ws.min_reward, agents=ws.agents, tokenizer_id=fingerprint
+            store,
+            min_reward=ws.min_reward,
+            agents=ws.agents,
+            tokenizer_id=fingerprint,
+            # a new recording replaces the store's earlier ones (kept there, not trained on): recording
+            # again is what a changed policy or agent asks for, and old traces would mix the two plans
+            resources_version=collected.resources_version if collected is not None and recollect else None,
         )
     finally:
         await store.close()
