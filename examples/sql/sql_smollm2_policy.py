@@ -12,9 +12,9 @@ misses: the other comparison or order, another column, a condition left out) and
 gold query; the checker judges what its prompt shows, the rows: WRONG when the query failed or
 returned none, OK otherwise (it stays frozen during RL, so the loop only works if it starts with a
 verdict it can read off its prompt); the rewriter, after a WRONG, writes the gold query some of the
-time and another mistake otherwise. The warm-started model then solves part of the tasks with the query's decisive
-tokens left for RL to teach, instead of a prompt-only model whose checker answers `Rows: 2` and whose
-writer never scores (docs/experiments.md).
+time and another mistake otherwise. The warm-started model then solves part of the tasks with the
+query's decisive tokens left for RL to teach, instead of a prompt-only model whose checker answers
+`Rows: 2` and whose writer never scores (docs/experiments.md).
 """
 
 from __future__ import annotations
