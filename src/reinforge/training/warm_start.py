@@ -122,9 +122,9 @@ async def build_warm_start(
             min_reward=ws.min_reward,
             agents=ws.agents,
             tokenizer_id=fingerprint,
-            # a new recording replaces the store's earlier ones (kept there, not trained on): recording
-            # again is what a changed policy or agent asks for, and old traces would mix the two plans
-            resources_version=collected.resources_version if collected is not None and recollect else None,
+            # a recording made here replaces the store's earlier ones (kept there, not trained on):
+            # recording again is what a changed policy or agent asks for, and old traces would mix plans
+            resources_version=collected.resources_version if collected is not None else None,
         )
     finally:
         await store.close()
