@@ -6,15 +6,17 @@ answered as that role would, on the request's last user turn (earlier ones are t
 The gateway records the exact token ids of every prompt and reply, so the warm start trains on what
 the model will see.
 
-The plan is a mix, as calc_x's and rag's warm starts' are: the writer mostly makes a plausible,
-systematic mistake (a string value left unquoted, as the base model does, or one of the task's near
-misses: the other comparison or order, another column, a condition left out) and otherwise writes the
-gold query; the checker judges what its prompt shows, the rows: WRONG when the query failed or
-returned none, OK otherwise (it stays frozen during RL, so the loop only works if it starts with a
-verdict it can read off its prompt); the rewriter, after a WRONG, writes the gold query some of the
-time and another mistake otherwise. The warm-started model then solves part of the tasks with the
-query's decisive tokens left for RL to teach, instead of a prompt-only model whose checker answers
-`Rows: 2` and whose writer never scores (docs/experiments.md).
+The plan is a mix, as calc_x's and rag's warm starts' are: the writer mostly makes one systematic
+mistake, the same decision on every question of a kind (a string value left unquoted, as the base
+model does; else the question's flip: the other comparison, order, aggregate or `!=`; only a question
+with neither gets one of its near misses) and otherwise writes the gold query; the checker judges what
+its prompt shows, the rows: WRONG when the query failed or returned none, OK otherwise (it stays frozen
+during RL, so the loop only works if it starts with a verdict it can read off its prompt); the
+rewriter, after a WRONG, writes the gold query some of the time and otherwise hands the query back
+unchanged, a small model's own failure. A mistake that is one decision across questions is what the
+warm-started greedy model makes on held-out questions too, so RL has a decision to reverse there;
+mistakes drawn from each question's several near misses left the greedy writer on gold (their tokens
+disagree, gold's agree), and the first sql run's greedy gain was small (docs/experiments.md).
 """
 
 from __future__ import annotations
@@ -41,25 +43,23 @@ class PlanMix(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    writer_wrong: float = Field(default=0.6, ge=0.0, le=1.0)
+    writer_wrong: float = Field(default=0.65, ge=0.0, le=1.0)
     """The writer's mistake. Above one half, so the warm start's greedy writer makes it and RL has that
     decision to reverse (calc_x's warm start computes left to right 60% of the time, rag's takes the
-    trap 55%, for the same reason)."""
-    unquoted: float = Field(default=0.5, ge=0.0, le=1.0)
-    """Of the writer's mistakes on a query with a string value: that value unquoted (the base model's
-    own mistake, an error the rows show); the rest are the task's near misses, which run."""
+    trap 55%, for the same reason); a little higher here because the prompt's demonstration quotes its
+    value."""
     rewriter_right: float = Field(default=0.3, ge=0.0, le=1.0)
-    """A rewrite is the gold query. Below one half, so the warm start's greedy rewriter repeats a
-    mistake and RL has that decision to reverse too (it mostly sees an unquoted value's error)."""
+    """A rewrite is the gold query; otherwise the rejected query comes back unchanged. Below one half,
+    so the warm start's greedy rewriter repeats the mistake and RL has that decision to reverse too."""
 
 
 MIX = PlanMix()
 
-WriterKind = Literal["right", "unquoted", "near_miss"]
+WriterKind = Literal["right", "unquoted", "flipped", "near_miss"]
 
 
 class Plan(BaseModel):
-    """One question's queries: what the writer writes, and the mistakes a rewrite can make."""
+    """One question's queries: what the writer writes, and every mistake planned for it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -119,6 +119,32 @@ def _wrong_everywhere(sql: str, tasks: list[dict[str, Any]]) -> bool:
     return all(not execution_match(database_path(str(t["db_id"])), sql, str(t["gold_sql"])) for t in tasks)
 
 
+_FLIPS: tuple[tuple[str, str], ...] = (
+    (" > ", " < "),
+    (" < ", " > "),
+    (" DESC ", " ASC "),
+    (" ASC ", " DESC "),
+    ("MAX(", "MIN("),
+    ("MIN(", "MAX("),
+    (" NOT IN ", " IN "),
+    (" = ", " != "),
+)
+"""The decisive tokens a question's flip reverses: the other comparison, order, aggregate or test."""
+
+
+def flipped(gold: str, near: list[str]) -> str | None:
+    """The near miss that is gold with one decisive token reversed (`<` for `>`, `ASC` for `DESC`,
+    `MIN` for `MAX`, `!=` for `=`), or None when the question has none."""
+    for ours, theirs in _FLIPS:
+        at = gold.find(ours)
+        while at >= 0:
+            candidate = gold[:at] + theirs + gold[at + len(ours) :]
+            if candidate in near:
+                return candidate
+            at = gold.find(ours, at + 1)
+    return None
+
+
 @lru_cache(maxsize=8192)
 def plan(schema: str, question: str, mix: PlanMix = MIX) -> Plan:
     """The question's queries, drawn once per question (seeded by its text)."""
@@ -126,26 +152,26 @@ def plan(schema: str, question: str, mix: PlanMix = MIX) -> Plan:
     gold = str(tasks[0]["gold_sql"])
     bare = unquoted(gold)
     near = list(dict.fromkeys(str(w) for t in tasks for w in t["wrong_sql"]))
-    bare_ok = bare is not None and _wrong_everywhere(bare, tasks)
     near = [w for w in near if w != gold and _wrong_everywhere(w, tasks)]
-    mistakes = ([bare] if bare is not None and bare_ok else []) + near
+    bare = bare if bare is not None and _wrong_everywhere(bare, tasks) else None
+    flip = None if bare is not None else flipped(gold, near)
+    mistakes = ([bare] if bare is not None else []) + near
     rng = _rng(question.strip())
-    if mistakes and rng.random() < mix.writer_wrong:
-        if bare is not None and bare_ok and (not near or rng.random() < mix.unquoted):
-            return Plan(gold=gold, writer=bare, kind="unquoted", mistakes=mistakes)
-        return Plan(gold=gold, writer=rng.choice(near), kind="near_miss", mistakes=mistakes)
-    return Plan(gold=gold, writer=gold, kind="right", mistakes=mistakes)
+    if not mistakes or rng.random() >= mix.writer_wrong:
+        return Plan(gold=gold, writer=gold, kind="right", mistakes=mistakes)
+    if bare is not None:
+        return Plan(gold=gold, writer=bare, kind="unquoted", mistakes=mistakes)
+    if flip is not None:
+        return Plan(gold=gold, writer=flip, kind="flipped", mistakes=mistakes)
+    return Plan(gold=gold, writer=rng.choice(near), kind="near_miss", mistakes=mistakes)
 
 
 def rewrite(schema: str, question: str, previous: str, mix: PlanMix = MIX) -> str:
-    """The rewriter's query after `previous` was rejected: gold some of the time, else another of the
-    plan's mistakes (drawn once per question and rejected query)."""
+    """The rewriter's query after `previous` was rejected: gold some of the time, else `previous` back
+    unchanged (drawn once per question and rejected query)."""
     drawn = plan(schema, question, mix)
     rng = _rng(question.strip(), previous)
-    others = [m for m in drawn.mistakes if m != previous]
-    if not others or rng.random() < mix.rewriter_right:
-        return drawn.gold
-    return rng.choice(others)
+    return drawn.gold if rng.random() < mix.rewriter_right else previous
 
 
 def verdict(question: str, sql: str, rows: str) -> str:
