@@ -67,7 +67,10 @@ prefill pads prompts together while the padding costs less."""
 
 
 def _pads_cheaply(starts: list[int], lens: list[int]) -> bool:
-    """Whether one padded attention call beats one call per prompt for this prefill batch."""
+    """Whether one padded attention call beats one call per prompt for this prefill batch (never for
+    one prompt: its own call needs no mask, so the causal kernel skips the masked half)."""
+    if len(lens) == 1:
+        return False
     exact = sum(n * (c + n) for c, n in zip(starts, lens, strict=True))
     padded = len(lens) * max(lens) * max(c + n for c, n in zip(starts, lens, strict=True))
     return padded <= 2 * exact + _PADDED_CALL_SAVING * (len(lens) - 1)
@@ -740,12 +743,20 @@ class SlotCacheRunner:
             for src, dst, length in moves:
                 self.move(src, dst, length)
             return
-        length = max(n for _, _, n in moves)
-        self._ensure_capacity(max(max(s, d) for s, d, _ in moves) + 1, length)
-        sources = torch.tensor([s for s, _, _ in moves], device=self.device)
-        targets = torch.tensor([d for _, d, _ in moves], device=self.device)
-        self._k[:, targets, :, :length] = self._k[:, sources, :, :length]
-        self._v[:, targets, :, :length] = self._v[:, sources, :, :length]
+        self._ensure_capacity(max(max(s, d) for s, d, _ in moves) + 1, max(n for _, _, n in moves))
+        # Slot to slot in place: a gathered copy (`k[:, targets] = k[:, sources]`) would stage every
+        # moved cache in a fresh buffer first, as large as the copies themselves (docs/engine.md,
+        # "Moving caches"). Only a source that is also written here is read from a copy of its own.
+        written = {dst for _, dst, _ in moves}
+        longest: dict[int, int] = {}
+        for src, _, n in moves:
+            if src in written:
+                longest[src] = max(n, longest.get(src, 0))
+        staged = {src: (self._k[:, src, :, :n].clone(), self._v[:, src, :, :n].clone()) for src, n in longest.items()}
+        for src, dst, n in moves:
+            k_src, v_src = staged.get(src) or (self._k[:, src], self._v[:, src])
+            self._k[:, dst, :, :n] = k_src[:, :, :n]
+            self._v[:, dst, :, :n] = v_src[:, :, :n]
         copies = [(dst, self._tokens.get(src, [])[:n]) for src, dst, n in moves]
         for dst, copied in copies:
             self._tokens[dst] = copied
