@@ -752,7 +752,10 @@ class SlotCacheRunner:
         for src, _, n in moves:
             if src in written:
                 longest[src] = max(n, longest.get(src, 0))
-        staged = {src: (self._k[:, src, :, :n].clone(), self._v[:, src, :, :n].clone()) for src, n in longest.items()}
+        staged = {
+            src: (self._k[:, src, :, :n].clone(), self._v[:, src, :, :n].clone())
+            for src, n in longest.items()
+        }
         for src, dst, n in moves:
             k_src, v_src = staged.get(src) or (self._k[:, src], self._v[:, src])
             self._k[:, dst, :, :n] = k_src[:, :, :n]
