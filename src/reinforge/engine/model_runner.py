@@ -68,8 +68,9 @@ prefill pads prompts together while the padding costs less."""
 
 def _pads_cheaply(starts: list[int], lens: list[int]) -> bool:
     """Whether one padded attention call beats one call per prompt for this prefill batch (never for
-    one prompt: its own call needs no mask, so the causal kernel skips the masked half)."""
-    if len(lens) == 1:
+    one prompt with nothing cached: its own call needs no mask, so the causal kernel skips the masked
+    half)."""
+    if len(lens) == 1 and not starts[0]:
         return False
     exact = sum(n * (c + n) for c, n in zip(starts, lens, strict=True))
     padded = len(lens) * max(lens) * max(c + n for c, n in zip(starts, lens, strict=True))
