@@ -5,6 +5,7 @@ TOML configs, the engine). The conversion (~20 s on 2 cores) runs once per sessi
 from __future__ import annotations
 
 import json
+import struct
 import threading
 import time
 from pathlib import Path
@@ -63,6 +64,53 @@ def test_the_package_ships_a_llama_gguf(tmp_path: Path) -> None:
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert 90e6 < path.stat().st_size < 110e6
     assert gguf_architecture(path) == "llama"
+
+
+def _gguf_header(fields: list[tuple[str, int, bytes]], order: str = "<") -> bytes:
+    """A GGUF v3 header with no tensors and these metadata fields (key, value type, encoded value)."""
+    out = b"GGUF" + struct.pack(f"{order}IQQ", 3, 0, len(fields))
+    for key, kind, value in fields:
+        out += struct.pack(f"{order}Q", len(key)) + key.encode() + struct.pack(f"{order}I", kind) + value
+    return out
+
+
+def _gguf_str(text: str, order: str = "<") -> bytes:
+    return struct.pack(f"{order}Q", len(text.encode())) + text.encode()
+
+
+def test_the_architecture_is_read_from_the_header_past_any_field_before_it(tmp_path: Path) -> None:
+    tokens = b"".join(_gguf_str(t) for t in ["<s>", "hello", "wörld"])
+    fields = [
+        ("tokenizer.ggml.tokens", 9, struct.pack("<IQ", 8, 3) + tokens),  # an array of strings
+        ("tokenizer.ggml.scores", 9, struct.pack("<IQ", 6, 2) + struct.pack("<ff", 0.5, -1.0)),
+        ("some.count", 4, struct.pack("<I", 7)),
+        ("general.architecture", 8, _gguf_str("qwen3")),
+    ]
+    path = tmp_path / "late.gguf"
+    path.write_bytes(_gguf_header(fields))
+    assert gguf_architecture(path) == "qwen3"
+    big = tmp_path / "big-endian.gguf"
+    big.write_bytes(
+        _gguf_header([("some.flag", 7, b"\x01"), ("general.architecture", 8, _gguf_str("llama", ">"))], ">")
+    )
+    assert gguf_architecture(big) == "llama"
+    none = tmp_path / "no-architecture.gguf"
+    none.write_bytes(_gguf_header(fields[:3]))
+    with pytest.raises(ModelSourceError, match=r"no-architecture\.gguf is not a model GGUF"):
+        gguf_architecture(none)
+    cut = tmp_path / "cut.gguf"
+    cut.write_bytes(_gguf_header(fields)[:60])
+    with pytest.raises(ModelSourceError, match=r"cannot read the GGUF file .*cut\.gguf"):
+        gguf_architecture(cut)
+    # The same answer gguf's own reader gives, on a file it wrote.
+    written = tmp_path / "written.gguf"
+    writer = GGUFWriter(written, arch="gemma3")
+    writer.add_token_list([f"t{i}" for i in range(1000)])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    field = GGUFReader(written).fields["general.architecture"]
+    assert gguf_architecture(written) == bytes(field.parts[field.data[0]]).decode() == "gemma3"
 
 
 def test_the_converted_folder_is_a_plain_fp32_hf_model(in_cache: Path) -> None:

@@ -9,8 +9,9 @@ which saves normally; the saved folder is reloaded and must give the same logits
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -22,24 +23,72 @@ _CHECK_PROMPT = "The capital of France is"
 
 
 def gguf_architecture(path: Path) -> str:
-    """The file's `general.architecture`, read from its header (fast: the tensors are not read)."""
+    """The file's `general.architecture`, read from its header. Read directly, not with `gguf`'s
+    `GGUFReader`: the reader parses every metadata field first, and a large vocabulary's token list
+    (Gemma 3: 262,144 strings) takes it tens of seconds; the architecture is the header's first
+    field, so this stops there (docs/models.md, "Converting a GGUF")."""
     try:
-        from gguf import GGUFReader
-    except ImportError as exc:
-        raise ModelSourceError(
-            f"reading {path} needs the 'gguf' package: pip install 'reinforge[models]'"
-        ) from exc
-    try:
-        field = GGUFReader(path).fields["general.architecture"]
-        return bytes(field.parts[field.data[0]]).decode()
-    except KeyError as exc:
-        raise ModelSourceError(f"{path} is not a model GGUF: it has no general.architecture") from exc
-    except Exception as exc:  # the reader fails with ValueError, struct errors, IndexError...
+        with path.open("rb") as f:
+            value = _header_string(f, "general.architecture")
+    except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
         raise ModelSourceError(f"cannot read the GGUF file {path}: {type(exc).__name__}: {exc}") from exc
+    if value is None:
+        raise ModelSourceError(f"{path} is not a model GGUF: it has no general.architecture")
+    return value
+
+
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+"""GGUF metadata value types of fixed size (type id -> bytes); 8 is a string, 9 an array."""
+_STRING, _ARRAY = 8, 9
+
+
+def _header_string(f: BinaryIO, wanted: str) -> str | None:
+    """The string value of metadata key `wanted` in the GGUF file `f`, or None when the header has no
+    such key. Raises ValueError for what is not a GGUF header."""
+    if f.read(4) != b"GGUF":
+        raise ValueError("no GGUF magic number")
+    (version,) = struct.unpack("<I", f.read(4))
+    order = "<" if version < 0x10000 else ">"  # a big-endian file's version reads byte-swapped
+    if order == ">":
+        (version,) = struct.unpack(">I", struct.pack("<I", version))
+    if version not in (1, 2, 3):
+        raise ValueError(f"unknown GGUF version {version}")
+    count = f"{order}{'I' if version == 1 else 'Q'}"  # version 1 counted in 32 bits
+    size = struct.calcsize(count)
+
+    def number(fmt: str, n: int) -> int:
+        return int(struct.unpack(fmt, f.read(n))[0])
+
+    def string() -> bytes:
+        return f.read(number(count, size))
+
+    def skip(kind: int) -> None:
+        if kind in _SCALAR_SIZES:
+            f.seek(_SCALAR_SIZES[kind], 1)
+        elif kind == _STRING:
+            f.seek(number(count, size), 1)
+        elif kind == _ARRAY:
+            item, n = number(f"{order}I", 4), number(count, size)
+            if item in _SCALAR_SIZES:
+                f.seek(_SCALAR_SIZES[item] * n, 1)
+            else:
+                for _ in range(n):
+                    skip(item)
+        else:
+            raise ValueError(f"unknown GGUF value type {kind}")
+
+    number(count, size)  # tensors
+    for _ in range(number(count, size)):  # metadata fields
+        key = string().decode()
+        kind = number(f"{order}I", 4)
+        if key == wanted and kind == _STRING:
+            return string().decode()
+        skip(kind)
+    return None
 
 
 def check_servable(path: Path, architecture: str) -> None:
-    """Refuse, before the slow load, what transformers can't load as a causal LM."""
+    """Refuse, before the slow load, a GGUF architecture transformers can't load."""
     from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
 
     if architecture not in GGUF_SUPPORTED_ARCHITECTURES:
@@ -47,25 +96,17 @@ def check_servable(path: Path, architecture: str) -> None:
             f"{path}: transformers cannot load GGUF architecture {architecture!r} "
             f"(it loads {', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES))})"
         )
-    try:
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
-    except Exception as exc:
-        raise ModelSourceError(f"{path}: cannot read the model config: {exc}") from exc
-    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise ModelSourceError(
-            f"{path}: architecture {architecture!r} ({type(config).__name__}) is not a causal LM, "
-            "which is what the engine serves"
-        )
 
 
 def convert_gguf(path: Path, out_dir: Path) -> None:
     """Write `path` as a Hugging Face folder into `out_dir` (which must not exist yet), verified."""
-    check_servable(path, gguf_architecture(path))
+    architecture = gguf_architecture(path)
+    check_servable(path, architecture)
     try:
         loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as exc:
-        raise ModelSourceError(f"transformers cannot load {path}: {type(exc).__name__}: {exc}") from exc
+        raise ModelSourceError(_load_failure(path, architecture, exc)) from exc
     plain = _without_quantizer(loaded)
     # The GGUF tokenizer knows no length limit; the model's position limit is the real one.
     tokenizer.model_max_length = int(getattr(plain.config, "max_position_embeddings", 0) or 0) or None
@@ -78,6 +119,21 @@ def convert_gguf(path: Path, out_dir: Path) -> None:
     diff = (_logits(reloaded, ids) - _logits(loaded, ids)).abs().max().item()
     if diff != 0.0:
         raise ModelSourceError(f"{path}: the converted weights give other logits (max abs diff {diff})")
+
+
+def _load_failure(path: Path, architecture: str, exc: Exception) -> str:
+    """Why transformers could not load the file as a causal LM, in words: its config is read again only
+    here, on the way out (every read of a GGUF parses its whole metadata, slow for a large vocabulary)."""
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+    except Exception as config_exc:
+        return f"{path}: cannot read the model config: {config_exc}"
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return (
+            f"{path}: architecture {architecture!r} ({type(config).__name__}) is not a causal LM, "
+            "which is what the engine serves"
+        )
+    return f"transformers cannot load {path}: {type(exc).__name__}: {exc}"
 
 
 def _without_quantizer(loaded: PreTrainedModel) -> PreTrainedModel:
