@@ -98,6 +98,10 @@ def test_the_architecture_is_read_from_the_header_past_any_field_before_it(tmp_p
     none.write_bytes(_gguf_header(fields[:3]))
     with pytest.raises(ModelSourceError, match=r"no-architecture\.gguf is not a model GGUF"):
         gguf_architecture(none)
+    garbled = tmp_path / "garbled.gguf"  # a key length no header has: refused, nothing allocated for it
+    garbled.write_bytes(b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, 1 << 62) + b"general")
+    with pytest.raises(ModelSourceError, match=r"cannot read the GGUF file .*garbled\.gguf: ValueError"):
+        gguf_architecture(garbled)
     cut = tmp_path / "cut.gguf"
     cut.write_bytes(_gguf_header(fields)[:60])
     with pytest.raises(ModelSourceError, match=r"cannot read the GGUF file .*cut\.gguf"):

@@ -59,8 +59,11 @@ def _header_string(f: BinaryIO, wanted: str) -> str | None:
     def number(fmt: str, n: int) -> int:
         return int(struct.unpack(fmt, f.read(n))[0])
 
-    def string() -> bytes:
-        return f.read(number(count, size))
+    def string() -> bytes:  # a key or the value looked for: short (the format caps keys at 65,535 bytes)
+        n = number(count, size)
+        if n > 65535:
+            raise ValueError(f"a metadata string of {n} bytes where a key or a name belongs")
+        return f.read(n)
 
     def skip(kind: int) -> None:
         if kind in _SCALAR_SIZES:
