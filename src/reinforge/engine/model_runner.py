@@ -740,9 +740,7 @@ class SlotCacheRunner:
     @torch.inference_mode()
     def move_many(self, moves: list[tuple[int, int, int]]) -> None:
         moves = [m for m in moves if m[2]]
-        if len(moves) <= 1:
-            for src, dst, length in moves:
-                self.move(src, dst, length)
+        if not moves:
             return
         self._ensure_capacity(max(max(s, d) for s, d, _ in moves) + 1, max(n for _, _, n in moves))
         # Slot to slot in place: a gathered copy (`k[:, targets] = k[:, sources]`) would stage every

@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import numpy as np
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
@@ -30,6 +31,10 @@ def gguf_architecture(path: Path) -> str:
     try:
         with path.open("rb") as f:
             value = _header_string(f, "general.architecture")
+    except ImportError as exc:
+        raise ModelSourceError(
+            f"reading {path} needs the 'gguf' package: pip install 'reinforge[models]'"
+        ) from exc
     except (OSError, ValueError, struct.error, UnicodeDecodeError) as exc:
         raise ModelSourceError(f"cannot read the GGUF file {path}: {type(exc).__name__}: {exc}") from exc
     if value is None:
@@ -37,14 +42,13 @@ def gguf_architecture(path: Path) -> str:
     return value
 
 
-_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
-"""GGUF metadata value types of fixed size (type id -> bytes); 8 is a string, 9 an array."""
-_STRING, _ARRAY = 8, 9
-
-
 def _header_string(f: BinaryIO, wanted: str) -> str | None:
     """The string value of metadata key `wanted` in the GGUF file `f`, or None when the header has no
-    such key. Raises ValueError for what is not a GGUF header."""
+    such key (value types and their sizes as the `gguf` package defines them). Raises ValueError for
+    what is not a GGUF header."""
+    from gguf import GGUFReader, GGUFValueType
+
+    scalar_sizes = {int(k): np.dtype(t).itemsize for k, t in GGUFReader.gguf_scalar_to_np.items()}
     if f.read(4) != b"GGUF":
         raise ValueError("no GGUF magic number")
     (version,) = struct.unpack("<I", f.read(4))
@@ -66,14 +70,14 @@ def _header_string(f: BinaryIO, wanted: str) -> str | None:
         return f.read(n)
 
     def skip(kind: int) -> None:
-        if kind in _SCALAR_SIZES:
-            f.seek(_SCALAR_SIZES[kind], 1)
-        elif kind == _STRING:
+        if kind in scalar_sizes:
+            f.seek(scalar_sizes[kind], 1)
+        elif kind == GGUFValueType.STRING:
             f.seek(number(count, size), 1)
-        elif kind == _ARRAY:
+        elif kind == GGUFValueType.ARRAY:
             item, n = number(f"{order}I", 4), number(count, size)
-            if item in _SCALAR_SIZES:
-                f.seek(_SCALAR_SIZES[item] * n, 1)
+            if item in scalar_sizes:
+                f.seek(scalar_sizes[item] * n, 1)
             else:
                 for _ in range(n):
                     skip(item)
@@ -84,7 +88,7 @@ def _header_string(f: BinaryIO, wanted: str) -> str | None:
     for _ in range(number(count, size)):  # metadata fields
         key = string().decode()
         kind = number(f"{order}I", 4)
-        if key == wanted and kind == _STRING:
+        if key == wanted and kind == GGUFValueType.STRING:
             return string().decode()
         skip(kind)
     return None
