@@ -46,6 +46,8 @@ from reinforge.engine.attention import (
     visible,
 )
 from reinforge.engine.errors import UnsupportedArchitectureError
+from reinforge.engine.fused import kernels as fused_kernels
+from reinforge.engine.fused import usable as fused_usable
 from reinforge.engine.linear import linear, pack_weight
 from reinforge.engine.prefix_reuse import common_prefix
 
@@ -184,6 +186,8 @@ class _Layer:
             k_w = _norm_weight(attn.k_norm, offset)
             self.qk_norm_w = torch.cat([q_w.expand(heads, -1), k_w.expand(kv_heads, -1)])
             self.qk_eps = norm_eps(attn.q_norm)
+        else:
+            self.qk_eps = self.eps
 
 
 def _norm_weight(norm: Any, offset: float) -> torch.Tensor:
@@ -209,6 +213,17 @@ class _LayerLora:
 
 
 _Groups = list[tuple[list[_LayerLora], torch.Tensor | None]]
+
+
+@dataclass(frozen=True)
+class _Feed:
+    """A forward's rows in the cache: each row's slot and position, and for the eager path the flat
+    cache rows they are written to (`_cache_rows`) and each RoPE kind's tables at those positions."""
+
+    slots: torch.Tensor
+    pos: torch.Tensor
+    where: torch.Tensor | None
+    rope: dict[str | None, tuple[torch.Tensor, torch.Tensor]] | None
 """Per adapter in a forward: its layers' deltas and the rows it applies to (None: every row)."""
 
 
@@ -260,6 +275,10 @@ class SlotCacheRunner:
             ):
                 self._paths[names[id(module)]] = (index, proj)
         self.lora_modules = frozenset(self._paths)
+        # The fused CPU kernels (engine.fused) for float32 on the CPU; the eager path elsewhere.
+        probe = next(model.parameters())
+        self._fused: Any = fused_kernels() if fused_usable(probe) else None
+        self._silu = isinstance(self.act, torch.nn.SiLU)
         self.refresh_weights()
 
     def refresh_weights(self) -> None:
@@ -401,40 +420,86 @@ class SlotCacheRunner:
         x = F.embedding(torch.tensor(ids, dtype=torch.long, device=self.device), self.embed)
         return x * self.embed_scale if self.arch.embed_scale != 1.0 else x
 
-    def _residual(self, index: int, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """The rest of a decoder layer after attention: output projection, residual, MLP, residual (with
-        a sandwich-norm family's norms on both outputs)."""
-        size = (x.shape[-1],)
-        out = self._linear(attn, layer.o_w, layer.o_b, index, "o")
-        if layer.post_attn_w is not None:
-            out = F.rms_norm(out, size, layer.post_attn_w, layer.eps)
-        x = x + out
-        h = F.rms_norm(x, size, layer.ln2_w, layer.eps)
-        gate, up = self._linear(h, layer.gate_up_w, layer.gate_up_b, index, "gate_up").chunk(2, dim=-1)
-        out = self._linear(self.act(gate) * up, layer.down_w, layer.down_b, index, "down")
-        if layer.post_mlp_w is not None:
-            out = F.rms_norm(out, size, layer.post_mlp_w, layer.eps)
-        return x + out
-
-    def _qkv(
-        self, index: int, layer: _Layer, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor]
+    def _add_norm(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        post_w: torch.Tensor | None,
+        post_eps: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The layer's queries and keys `[rows, heads + kv_heads, head_dim]` (normalised per head where
-        the family does, then rotated) and values `[rows, kv_heads, head_dim]`."""
+        """The residual stream after a sublayer, `x + y` (`y` normalised first in a sandwich-norm family),
+        and that sum normalised for what reads it next."""
+        if self._fused is not None:
+            return self._fused.add_rms_norm(x, y, weight, eps, post_w, post_eps)  # type: ignore[no-any-return]
+        size = (x.shape[-1],)
+        if post_w is not None:
+            y = F.rms_norm(y, size, post_w, post_eps)
+        x = x + y
+        return x, F.rms_norm(x, size, weight, eps)
+
+    def _next_norm(self, index: int) -> tuple[torch.Tensor, float]:
+        """The norm that reads layer `index`'s output: the next layer's input norm, or the final one."""
+        if index + 1 < len(self.layers):
+            following = self.layers[index + 1]
+            return following.ln1_w, following.eps
+        return self.norm_w, self.norm_eps
+
+    def _input_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The first layer's normalised input; later layers' come out of `_after_attention`."""
+        first = self.layers[0]
+        return F.rms_norm(x, (x.shape[-1],), first.ln1_w, first.eps)
+
+    def _after_attention(
+        self, index: int, layer: _Layer, x: torch.Tensor, attn: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rest of a decoder layer after attention: output projection, residual, MLP, residual (with
+        a sandwich-norm family's norms on both outputs). Returns the residual stream and its
+        normalised form for the next layer (or the LM head)."""
+        out = self._linear(attn, layer.o_w, layer.o_b, index, "o")
+        x, h = self._add_norm(x, out, layer.ln2_w, layer.eps, layer.post_attn_w, layer.eps)
+        gate_up = self._linear(h, layer.gate_up_w, layer.gate_up_b, index, "gate_up")
+        if self._fused is not None and self._silu:
+            act = self._fused.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
+            act = self.act(gate) * up
+        out = self._linear(act, layer.down_w, layer.down_b, index, "down")
+        weight, eps = self._next_norm(index)
+        return self._add_norm(x, out, weight, eps, layer.post_mlp_w, layer.eps)
+
+    def _feed(self, slots: torch.Tensor, pos: torch.Tensor) -> _Feed:
+        """Where a forward's rows go in the cache (slot and position each), in the form the path
+        that writes them needs."""
+        if self._fused is not None:
+            return _Feed(slots, pos, None, None)
+        return _Feed(slots, pos, self._cache_rows(slots, pos), _rope_at(self.rope, pos))
+
+    def _queries(self, index: int, layer: _Layer, hidden: torch.Tensor, feed: _Feed) -> torch.Tensor:
+        """The layer's queries `[rows, heads, head_dim]`, normalised per head where the family does and
+        rotated; its keys (treated the same) and values are written to the cache at the feed's rows."""
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        hidden = F.rms_norm(x, (x.shape[-1],), layer.ln1_w, layer.eps)
         qkv = self._linear(hidden, layer.qkv_w, layer.qkv_b, index, "qkv")
+        kind = self.arch.rope_kinds[index]
+        if self._fused is not None:
+            cos, sin = self.rope[kind]
+            return self._fused.rope_store(  # type: ignore[no-any-return]
+                qkv, h, cos, sin, feed.slots, feed.pos, self._k[index], self._v[index], layer.qk_norm_w, layer.qk_eps
+            )
+        assert feed.where is not None and feed.rope is not None
         rows = qkv.shape[0]
         qk = qkv[:, : (h + kv) * d].view(rows, h + kv, d)
         if layer.qk_norm_w is not None:
             qk = F.rms_norm(qk, (d,), None, layer.qk_eps) * layer.qk_norm_w
-        cos, sin = rope
+        cos, sin = feed.rope[kind]
         # rotate_half(x) * sin == roll(x, d/2) * sin_signed, with the sign folded into the table.
         qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
-        return qk, qkv[:, (h + kv) * d :].view(rows, kv, d)
+        _store_kv(self._k[index], self._v[index], feed.where, qk[:, h:], qkv[:, (h + kv) * d :].view(rows, kv, d))
+        return qk[:, :h]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        hidden = F.rms_norm(hidden, (hidden.shape[-1],), self.norm_w, self.norm_eps)
+        """The LM head on the final norm's output."""
         logits = linear(hidden, self.head_w, self.head_b)
         cap = self.arch.final_softcap
         if cap is not None:
@@ -469,10 +534,9 @@ class SlotCacheRunner:
         positions = [c + j for c, n in zip(starts, lens, strict=True) for j in range(n)]
         pos = torch.tensor(positions, device=self.device)
         slot_of = [first_slot + i for i, n in enumerate(lens) for _ in range(n)]
-        where = self._cache_rows(torch.tensor(slot_of, device=self.device), pos)
-        h = self.num_heads
+        feed = self._feed(torch.tensor(slot_of, device=self.device), pos)
         x = self._embed([t for p, c in zip(prompts, starts, strict=True) for t in p[c:]])
-        rope = _rope_at(self.rope, pos)
+        hidden = self._input_norm(x)
         padded = _pads_cheaply(starts, lens)
         windows = dict.fromkeys(self.windows)
         arange = self._arange
@@ -481,24 +545,22 @@ class SlotCacheRunner:
         last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
         final = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
-            qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
-            self._k[index].view(-1, self.head_dim).index_copy_(0, where, qk[:, h:].reshape(-1, self.head_dim))
-            self._v[index].view(-1, self.head_dim).index_copy_(0, where, v.reshape(-1, self.head_dim))
+            q = self._queries(index, layer, hidden, feed)
             window = self.windows[index]
             if padded:
                 mask = batch_masks[window]
-                attn = self._padded_attention(index, first_slot, qk[:, :h], starts, lens, mask)
+                attn = self._padded_attention(index, first_slot, q, starts, lens, mask)
             else:
                 masks = prompt_masks[window]
-                attn = self._attention_per_prompt(index, first_slot, qk[:, :h], starts, lens, masks)
+                attn = self._attention_per_prompt(index, first_slot, q, starts, lens, masks)
             attn = attn.reshape(len(positions), -1)
             if index == final:
                 # Only each prompt's last position reaches the LM head, and the last layer's keys and
                 # values are cached above: its output projection and MLP run on those rows alone.
                 x, attn = x[last], attn[last]
                 self._groups = self._row_groups(adapters)
-            x = self._residual(index, layer, x, attn)
-        return self._logits(x)
+            x, hidden = self._after_attention(index, layer, x, attn)
+        return self._logits(hidden)
 
     def _attention_per_prompt(
         self,
@@ -631,16 +693,17 @@ class SlotCacheRunner:
         self._ensure_capacity(n, max(positions) + 1)
         self._track([[t] for t in tokens], positions)
         pos = torch.tensor(positions, device=self.device)
-        where = self._cache_rows(torch.arange(n, device=self.device), pos)
+        feed = self._feed(torch.arange(n, device=self.device), pos)
         x = self._embed(tokens)
-        rope = _rope_at(self.rope, pos)
+        hidden = self._input_norm(x)
         h, kv = self.num_heads, self.num_kv_heads
         gqa = kv != h
         span = max(positions) + 1
         shared = min(self._shared_prefix(n, adapters), span - 1) if n > 1 else 0
         cascade = shared >= _CASCADE_MIN_SHARED
         windows = dict.fromkeys(self.windows)
-        if cascade:
+        fused = self._fused
+        if cascade and fused is None:
             biases = {w: additive(visible(self._arange[:span], pos, w))[:, None, None] for w in windows}
         else:
             plan = {
@@ -651,16 +714,15 @@ class SlotCacheRunner:
                 for w in windows
             }
         for index, layer in enumerate(self.layers):
-            qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
+            q = self._queries(index, layer, hidden, feed)
             k_cache, v_cache = self._k[index], self._v[index]
-            _store_kv(k_cache, v_cache, where, qk[:, h:], v)
             window = self.windows[index]
-            if cascade:
-                attn = cascade_decode(
-                    qk[:, :h], k_cache, v_cache, shared, span, biases[window], self.arch.attn_scale
-                )
+            if cascade and fused is not None:
+                attn = fused.cascade_decode(q, k_cache, v_cache, shared, pos, window or 0, self.arch.attn_scale)
+            elif cascade:
+                attn = cascade_decode(q, k_cache, v_cache, shared, span, biases[window], self.arch.attn_scale)
             else:
-                q = qk[:, :h, None]
+                q = q[:, :, None]
                 attn = torch.empty(n, h, 1, self.head_dim, device=self.device, dtype=self.dtype)
                 for a, b, s, mask in plan[window]:
                     attn[a:b] = F.scaled_dot_product_attention(
@@ -671,8 +733,8 @@ class SlotCacheRunner:
                         enable_gqa=gqa,
                         scale=self.arch.attn_scale,
                     )
-            x = self._residual(index, layer, x, attn.view(n, -1))
-        return self._logits(x)
+            x, hidden = self._after_attention(index, layer, x, attn.reshape(n, -1))
+        return self._logits(hidden)
 
     @torch.inference_mode()
     def verify(
@@ -692,9 +754,9 @@ class SlotCacheRunner:
         flat = [p + j for p, m in zip(positions, lens, strict=True) for j in range(m)]
         pos = torch.tensor(flat, device=self.device)
         slot_of = torch.tensor([i for i, m in enumerate(lens) for _ in range(m)], device=self.device)
-        where = self._cache_rows(slot_of, pos)
+        feed = self._feed(slot_of, pos)
         x = self._embed([t for fed in feeds for t in fed])
-        rope = _rope_at(self.rope, pos)
+        hidden = self._input_norm(x)
         h, width = self.num_heads, max(lens)
         shared = min(self._shared_prefix(n, adapters), span - 1) if n > 1 else 0
         cascade = shared >= _CASCADE_MIN_SHARED
@@ -707,12 +769,11 @@ class SlotCacheRunner:
                 [i * width + j for i, m in enumerate(lens) for j in range(m)], device=self.device
             )
         for index, layer in enumerate(self.layers):
-            qk, v = self._qkv(index, layer, x, rope[self.arch.rope_kinds[index]])
+            queries = self._queries(index, layer, hidden, feed)
             k_cache, v_cache = self._k[index], self._v[index]
-            _store_kv(k_cache, v_cache, where, qk[:, h:], v)
             window = self.windows[index]
             if cascade:
-                q = qk.new_zeros(n * width, h, self.head_dim).index_copy_(0, pad, qk[:, :h])
+                q = queries.new_zeros(n * width, h, self.head_dim).index_copy_(0, pad, queries)
                 out = cascade_attention(
                     q.view(n, width, h, -1),
                     k_cache,
@@ -724,9 +785,9 @@ class SlotCacheRunner:
                 )
                 attn = out.reshape(n * width, h, -1).index_select(0, pad)
             else:
-                attn = self._padded_attention(index, 0, qk[:, :h], positions, lens, masks[window])
-            x = self._residual(index, layer, x, attn.reshape(len(flat), -1))
-        return self._logits(x)
+                attn = self._padded_attention(index, 0, queries, positions, lens, masks[window])
+            x, hidden = self._after_attention(index, layer, x, attn.reshape(len(flat), -1))
+        return self._logits(hidden)
 
     @torch.inference_mode()
     def move(self, src: int, dst: int, length: int) -> None:

@@ -1,0 +1,154 @@
+"""The fused CPU kernels (engine.fused) compute what the eager path computes, kernel by kernel and
+through a whole runner; bad input is refused with a message; a build that cannot happen leaves the
+eager path serving."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from reinforge.engine import fused
+from reinforge.engine.attention import additive, cascade_decode, visible
+from reinforge.engine.model_runner import SlotCacheRunner
+
+KERNELS = fused.kernels()
+pytestmark = pytest.mark.skipif(KERNELS is None, reason=f"fused kernels not built: {fused.failure()}")
+
+
+def _cache(slots: int, kv: int, cap: int, d: int, shared: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    k = torch.randn(slots, kv, cap, d, generator=gen)
+    v = torch.randn(slots, kv, cap, d, generator=gen)
+    k[1:, :, :shared] = k[0, :, :shared]  # the shared prefix really is shared
+    v[1:, :, :shared] = v[0, :, :shared]
+    return k, v
+
+
+@pytest.mark.parametrize("window", [None, 7, 40])
+@pytest.mark.parametrize(("heads", "kv"), [(4, 2), (3, 3), (9, 3)])
+def test_cascade_decode_matches_the_eager_cascade(window: int | None, heads: int, kv: int) -> None:
+    n, d, cap, shared = 5, 16, 64, 20
+    k, v = _cache(6, kv, cap, d, shared, seed=heads * 10 + kv)
+    q = torch.randn(n, heads, d, generator=torch.Generator().manual_seed(3))
+    positions = [25, 31, 20, 44, 38]  # one row's own position is the prefix's last
+    pos = torch.tensor(positions)
+    span = max(positions) + 1
+    scale = 1 / math.sqrt(d)
+    bias = additive(visible(torch.arange(span), pos, window))[:, None, None]
+    expected = cascade_decode(q, k, v, shared, span, bias, scale)
+    got = KERNELS.cascade_decode(q, k, v, shared, pos, window or 0, scale)
+    assert got.shape == (n, heads, d)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_cascade_decode_without_a_prefix_is_plain_attention() -> None:
+    n, heads, kv, d = 3, 4, 2, 8
+    k, v = _cache(n, kv, 32, d, 0, seed=5)
+    q = torch.randn(n, heads, d)
+    positions = [4, 9, 17]
+    got = KERNELS.cascade_decode(q, k, v, 0, torch.tensor(positions), 0, 0.5)
+    for i, p in enumerate(positions):
+        ref = F.scaled_dot_product_attention(
+            q[i, :, None][None], k[i, :, : p + 1][None], v[i, :, : p + 1][None], enable_gqa=True, scale=0.5
+        )
+        torch.testing.assert_close(got[i], ref[0, :, 0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+def test_rope_store_rotates_and_writes_the_cache(qk_norm: bool) -> None:
+    heads, kv, d, cap, rows = 4, 2, 16, 32, 6
+    gen = torch.Generator().manual_seed(7)
+    qkv = torch.randn(rows, (heads + 2 * kv) * d, generator=gen)
+    cos = torch.randn(cap, d, generator=gen)
+    sin = torch.randn(cap, d, generator=gen)
+    norm = torch.randn(heads + kv, d, generator=gen) if qk_norm else None
+    slots = torch.tensor([0, 0, 2, 2, 2, 3])
+    pos = torch.tensor([5, 6, 0, 1, 2, 31])
+    k_cache = torch.zeros(4, kv, cap, d)
+    v_cache = torch.zeros(4, kv, cap, d)
+    q = KERNELS.rope_store(qkv, heads, cos, sin, slots, pos, k_cache, v_cache, norm, 1e-6)
+
+    qk = qkv[:, : (heads + kv) * d].view(rows, heads + kv, d)
+    if norm is not None:
+        qk = F.rms_norm(qk, (d,), None, 1e-6) * norm
+    rotated = qk * cos[pos][:, None] + qk.roll(d // 2, dims=-1) * sin[pos][:, None]
+    torch.testing.assert_close(q, rotated[:, :heads], rtol=1e-5, atol=1e-5)
+    values = qkv[:, (heads + kv) * d :].view(rows, kv, d)
+    for r in range(rows):
+        torch.testing.assert_close(k_cache[slots[r], :, pos[r]], rotated[r, heads:], rtol=1e-5, atol=1e-5)
+        assert torch.equal(v_cache[slots[r], :, pos[r]], values[r])
+    written = {(int(s), int(p)) for s, p in zip(slots, pos, strict=True)}
+    untouched = [(s, p) for s in range(4) for p in range(cap) if (s, p) not in written]
+    assert all(not k_cache[s, :, p].any() and not v_cache[s, :, p].any() for s, p in untouched)
+
+
+@pytest.mark.parametrize("post", [False, True])
+def test_add_rms_norm(post: bool) -> None:
+    gen = torch.Generator().manual_seed(9)
+    x, y = torch.randn(40, 48, generator=gen), torch.randn(40, 48, generator=gen)
+    w, post_w = torch.randn(48, generator=gen), torch.randn(48, generator=gen)
+    total, normed = KERNELS.add_rms_norm(x, y, w, 1e-5, post_w if post else None, 1e-3)
+    expected = x + (F.rms_norm(y, (48,), post_w, 1e-3) if post else y)
+    torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(normed, F.rms_norm(expected, (48,), w, 1e-5), rtol=1e-5, atol=1e-5)
+
+
+def test_silu_mul_covers_the_vector_tail() -> None:
+    gate_up = torch.randn(7, 2 * 37) * 4  # 37: not a multiple of any vector width
+    gate, up = gate_up.chunk(2, dim=-1)
+    torch.testing.assert_close(KERNELS.silu_mul(gate_up), F.silu(gate) * up, rtol=1e-5, atol=1e-6)
+
+
+def test_bad_input_is_refused_with_a_message() -> None:
+    k, v = _cache(2, 1, 8, 4, 0, seed=1)
+    with pytest.raises(RuntimeError, match="float32"):
+        KERNELS.cascade_decode(torch.zeros(2, 1, 4, dtype=torch.float64), k, v, 0, torch.tensor([1, 2]), 0, 1.0)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        KERNELS.cascade_decode(torch.zeros(2, 1, 4), k, v, 0, torch.tensor([1, 8]), 0, 1.0)
+    with pytest.raises(RuntimeError, match="one entry per row"):
+        KERNELS.cascade_decode(torch.zeros(2, 1, 4), k, v, 0, torch.tensor([1]), 0, 1.0)
+    with pytest.raises(RuntimeError, match="outside the cache"):
+        KERNELS.rope_store(
+            torch.zeros(1, 12), 1, torch.zeros(8, 4), torch.zeros(8, 4), torch.tensor([5]), torch.tensor([0]), k, v,
+            None, 1e-6,
+        )  # fmt: skip
+
+
+def test_the_runner_gives_the_same_logits_with_and_without_the_kernels(
+    llama: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Prefill, cascade decode over a shared prefix and a speculative verify, fused against eager."""
+    gen = torch.Generator().manual_seed(4)
+    shared = torch.randint(3, 270, (70,), generator=gen).tolist()
+    batch = [shared + torch.randint(3, 270, (5 + 2 * i,), generator=gen).tolist() for i in range(4)]
+    fused_runner = SlotCacheRunner(llama, 4, 128)
+    monkeypatch.setenv(fused.ENABLE_ENV, "0")
+    eager_runner = SlotCacheRunner(llama, 4, 128)
+    assert fused_runner._fused is not None and eager_runner._fused is None
+    for runner in (fused_runner, eager_runner):
+        runner.logits = [runner.prefill(0, batch)]  # type: ignore[attr-defined]
+        positions = [len(p) for p in batch]
+        runner.logits.append(runner.decode([3, 4, 5, 6], positions))  # type: ignore[attr-defined]
+        step = [p + 1 for p in positions]
+        runner.logits.append(runner.verify([[7, 8], [9], [10, 11, 12], [13]], step))  # type: ignore[attr-defined]
+    for got, expected in zip(fused_runner.logits, eager_runner.logits, strict=True):  # type: ignore[attr-defined]
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_build_that_fails_leaves_the_eager_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(fused, "_loaded", None)
+    monkeypatch.setattr(fused, "_failure", None)
+    monkeypatch.setenv(fused.DIR_ENV, str(tmp_path))
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert fused.kernels() is None
+    assert fused.failure()
+    assert fused.kernels() is None  # asked once, not rebuilt at every runner
+
+
+def test_the_switch_turns_them_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(fused.ENABLE_ENV, "0")
+    assert fused.kernels() is None
