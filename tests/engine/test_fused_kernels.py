@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -15,8 +16,15 @@ from reinforge.engine import fused
 from reinforge.engine.attention import additive, cascade_decode, visible
 from reinforge.engine.model_runner import SlotCacheRunner
 
-KERNELS = fused.kernels()
-pytestmark = pytest.mark.skipif(KERNELS is None, reason=f"fused kernels not built: {fused.failure()}")
+KERNELS: Any = fused.kernels()
+# With a compiler on the machine the kernels must build (a failure is a bug, not a skip).
+pytestmark = pytest.mark.skipif(
+    KERNELS is None and not fused.compiler_available(), reason="no C++ compiler: the eager path serves"
+)
+
+
+def test_the_kernels_build_where_a_compiler_is() -> None:
+    assert KERNELS is not None, fused.failure()
 
 
 def _cache(slots: int, kv: int, cap: int, d: int, shared: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

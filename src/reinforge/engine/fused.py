@@ -74,7 +74,7 @@ def _build() -> ModuleType:
     from torch.utils import cpp_extension  # imported here: it pulls in setuptools
 
     tier, flags = instruction_set()
-    cflags = ["-O3", "-fopenmp-simd", *flags]
+    cflags = ["-O3", "-fopenmp", *flags]
     key = hashlib.sha256(
         SOURCE.read_bytes() + torch.__version__.encode() + " ".join(cflags).encode()
     ).hexdigest()[:12]
@@ -87,6 +87,7 @@ def _build() -> ModuleType:
         name=name,
         sources=[str(SOURCE)],
         extra_cflags=cflags,
+        extra_ldflags=["-fopenmp"],  # libgomp: the one torch has loaded already (same soname)
         build_directory=str(_build_dir(name)),
         verbose=False,
     )
@@ -106,9 +107,23 @@ def kernels() -> ModuleType | None:
             try:
                 _loaded = _build()
             except Exception as exc:  # a missing compiler or ninja, a failed build: the eager path serves
-                _failure = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"
+                _failure = _reason(exc)
                 log.warning("fused CPU kernels unavailable, using eager PyTorch (%s)", _failure)
     return _loaded
+
+
+def _reason(exc: Exception) -> str:
+    """A failed build's cause in a line or a few: the compiler's error lines where there are any (the
+    exception ends with ninja's "build stopped", which says nothing)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    errors = [line for line in lines if ": error:" in line or ": fatal error:" in line]
+    return f"{type(exc).__name__}: " + (" | ".join(errors[:3]) if errors else (lines[-1] if lines else ""))
+
+
+def compiler_available() -> bool:
+    """Whether a C++ compiler is on this machine (`CXX`, else `c++`): where one is, the kernels are
+    expected to build, and a failure is a bug rather than a missing tool."""
+    return shutil.which(os.environ.get("CXX", "c++")) is not None
 
 
 def failure() -> str | None:

@@ -8,9 +8,11 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -57,6 +59,97 @@ inline void rms_norm_row(const float* x, const float* w, float eps, float* out, 
   }
 }
 
+inline float hsum(const Vec& v) {
+  return at::vec::vec_reduce_all<float>(std::plus<Vec>(), v);
+}
+
+// Scores of one query against `count` keys (rows of `d` floats, `stride` apart): out[j] = q . k_j.
+// CHUNKS = d / Vec::size(), so the query stays in registers.
+template <int CHUNKS>
+void scores_vec(const float* q, const float* keys, int64_t stride, int64_t count, float* out) {
+  Vec qv[CHUNKS];
+  for (int c = 0; c < CHUNKS; ++c) qv[c] = Vec::loadu(q + c * Vec::size());
+  for (int64_t j = 0; j < count; ++j) {
+    const float* k = keys + j * stride;
+    Vec acc = qv[0] * Vec::loadu(k);
+    for (int c = 1; c < CHUNKS; ++c) acc = at::vec::fmadd(qv[c], Vec::loadu(k + c * Vec::size()), acc);
+    out[j] = hsum(acc);
+  }
+}
+
+// out = sum_j w[j] * v_j over `count` value rows.
+template <int CHUNKS>
+void weighted_sum_vec(const float* w, const float* values, int64_t stride, int64_t count, float* out) {
+  Vec acc[CHUNKS];
+  for (int c = 0; c < CHUNKS; ++c) acc[c] = Vec(0.f);
+  for (int64_t j = 0; j < count; ++j) {
+    const Vec wj(w[j]);
+    const float* v = values + j * stride;
+    for (int c = 0; c < CHUNKS; ++c) acc[c] = at::vec::fmadd(wj, Vec::loadu(v + c * Vec::size()), acc[c]);
+  }
+  for (int c = 0; c < CHUNKS; ++c) acc[c].store(out + c * Vec::size());
+}
+
+void scores_any(const float* q, const float* keys, int64_t stride, int64_t count, int64_t d, float* out) {
+  switch (d / Vec::size() * (d % Vec::size() == 0)) {
+    case 2: return scores_vec<2>(q, keys, stride, count, out);
+    case 4: return scores_vec<4>(q, keys, stride, count, out);
+    case 8: return scores_vec<8>(q, keys, stride, count, out);
+    case 16: return scores_vec<16>(q, keys, stride, count, out);
+    default:
+      for (int64_t j = 0; j < count; ++j) out[j] = dot(q, keys + j * stride, d);
+  }
+}
+
+void weighted_sum_any(const float* w, const float* values, int64_t stride, int64_t count, int64_t d, float* out) {
+  switch (d / Vec::size() * (d % Vec::size() == 0)) {
+    case 2: return weighted_sum_vec<2>(w, values, stride, count, out);
+    case 4: return weighted_sum_vec<4>(w, values, stride, count, out);
+    case 8: return weighted_sum_vec<8>(w, values, stride, count, out);
+    case 16: return weighted_sum_vec<16>(w, values, stride, count, out);
+    default:
+      std::fill(out, out + d, 0.f);
+      for (int64_t j = 0; j < count; ++j) {
+        const float* v = values + j * stride;
+#pragma omp simd
+        for (int64_t x = 0; x < d; ++x) out[x] += w[j] * v[x];
+      }
+  }
+}
+
+// x[j] = exp(x[j] - m) over [0, count), returning their sum.
+float exp_shifted(float* x, int64_t count, float m) {
+  const Vec mv(m);
+  Vec acc(0.f);
+  int64_t j = 0;
+  for (; j + Vec::size() <= count; j += Vec::size()) {
+    const Vec e = (Vec::loadu(x + j) - mv).exp();
+    e.store(x + j);
+    acc = acc + e;
+  }
+  float sum = hsum(acc);
+  for (; j < count; ++j) {
+    x[j] = std::exp(x[j] - m);
+    sum += x[j];
+  }
+  return sum;
+}
+
+// The largest of x[0, count) and `start` (vectorised: a scalar max loop is a serial chain of compares).
+float max_of(const float* x, int64_t count, float start) {
+  Vec acc(start);
+  int64_t j = 0;
+  for (; j + Vec::size() <= count; j += Vec::size()) acc = at::vec::maximum(acc, Vec::loadu(x + j));
+  float m = at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return at::vec::maximum(a, b); }, acc);
+  for (; j < count; ++j) m = std::max(m, x[j]);
+  return m;
+}
+
+void scale_by(float* x, int64_t count, float s) {
+#pragma omp simd
+  for (int64_t j = 0; j < count; ++j) x[j] *= s;
+}
+
 }  // namespace
 
 // Cascade decode attention for rows 0..n-1 (row i is cache slot i at position positions[i]), whose
@@ -65,8 +158,7 @@ inline void rms_norm_row(const float* x, const float* w, float eps, float* out, 
 // window's width (0: none). Returns [n, heads, d].
 //
 // The shared part is two batched matrix products over all rows at once (ATen); each row's own
-// positions, the masks and the joining softmax are one pass here instead of per-row products and
-// concatenations.
+// positions, the masks and the joint softmax are one pass here, per row and KV head.
 at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t shared,
                           const at::Tensor& positions, int64_t window, double scale) {
   check_float(q, "q");
@@ -101,58 +193,53 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
           for (int64_t x = 0; x < d; ++x) b[x] = a[x] * s;
         }
   }
+  // Scores [kv, rows, span]: the shared part from one product, each row's own part filled below.
   at::Tensor scores = at::empty({kv, rows, span}, q.options());
   if (shared > 0) {
     at::Tensor prefix = scores.narrow(2, 0, shared);
     at::bmm_out(prefix, qs, k.select(0, 0).narrow(1, 0, shared).transpose(1, 2));
   }
+  at::Tensor out = at::empty({kv, rows, d}, q.options());
   const float* K = k.data_ptr<float>();
   const float* V = v.data_ptr<float>();
   const float* Q = qs.data_ptr<float>();
   float* S = scores.data_ptr<float>();
-  const float minus_inf = -std::numeric_limits<float>::infinity();
-  // Own positions' scores, and every position a row does not see masked.
+  float* O = out.data_ptr<float>();
+  // Per row and KV head: own scores, the softmax over the visible prefix and own positions together
+  // (probabilities left in place of the prefix's scores, zeros where a row does not see), and the
+  // own positions' share of the output. The prefix's share is added below as one product.
   at::parallel_for(0, kv * n, 1, [&](int64_t begin, int64_t end) {
     for (int64_t u = begin; u < end; ++u) {
       const int64_t h = u / n, i = u % n, p = pos[i];
       const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+      const int64_t pre_lo = std::min(lo, shared), pre_hi = std::min(p + 1, shared);
+      const int64_t own_lo = std::max(lo, shared), own_n = p + 1 - own_lo;
       const float* keys = K + (i * kv + h) * cap * d;
-      for (int64_t g = 0; g < group; ++g) {
-        const int64_t r = i * group + g;
-        const float* qr = Q + (h * rows + r) * d;
-        float* srow = S + (h * rows + r) * span;
-        for (int64_t j = 0; j < std::min(lo, shared); ++j) srow[j] = minus_inf;
-        for (int64_t j = std::min(p + 1, shared); j < shared; ++j) srow[j] = minus_inf;
-        for (int64_t j = shared; j < span; ++j)
-          srow[j] = (j <= p && j >= lo) ? dot(qr, keys + j * d, d) : minus_inf;
-      }
-    }
-  });
-  at::Tensor probs = at::_softmax(scores, 2, false);
-  const float* P = probs.data_ptr<float>();
-  at::Tensor out = at::empty({kv, rows, d}, q.options());
-  float* O = out.data_ptr<float>();
-  // Own positions' values; the shared part is added below as one product.
-  at::parallel_for(0, kv * n, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) {
-      const int64_t h = u / n, i = u % n, p = pos[i];
-      const int64_t lo = std::max(shared, window > 0 ? p - window + 1 : int64_t{0});
       const float* values = V + (i * kv + h) * cap * d;
       for (int64_t g = 0; g < group; ++g) {
         const int64_t r = i * group + g;
-        const float* prow = P + (h * rows + r) * span;
+        float* srow = S + (h * rows + r) * span;
+        float* own = srow + own_lo;
+        if (own_n > 0) scores_any(Q + (h * rows + r) * d, keys + own_lo * d, d, own_n, d, own);
+        const float m = max_of(own, std::max<int64_t>(own_n, 0),
+                               max_of(srow + pre_lo, pre_hi - pre_lo, -std::numeric_limits<float>::infinity()));
+        float sum = exp_shifted(srow + pre_lo, pre_hi - pre_lo, m);
+        if (own_n > 0) sum += exp_shifted(own, own_n, m);
+        const float inv = 1.f / sum;
+        std::fill(srow, srow + pre_lo, 0.f);
+        std::fill(srow + pre_hi, srow + shared, 0.f);
+        scale_by(srow + pre_lo, pre_hi - pre_lo, inv);
         float* orow = O + (h * rows + r) * d;
-        std::fill(orow, orow + d, 0.f);
-        for (int64_t j = lo; j <= p; ++j) {
-          const float w = prow[j];
-          const float* vr = values + j * d;
-#pragma omp simd
-          for (int64_t x = 0; x < d; ++x) orow[x] += w * vr[x];
+        if (own_n > 0) {
+          scale_by(own, own_n, inv);
+          weighted_sum_any(own, values + own_lo * d, d, own_n, d, orow);
+        } else {
+          std::fill(orow, orow + d, 0.f);
         }
       }
     }
   });
-  if (shared > 0) out.baddbmm_(probs.narrow(2, 0, shared), v.select(0, 0).narrow(1, 0, shared));
+  if (shared > 0) out.baddbmm_(scores.narrow(2, 0, shared), v.select(0, 0).narrow(1, 0, shared));
   return out.view({kv, n, group, d}).permute({1, 0, 2, 3}).reshape({n, heads, d});
 }
 

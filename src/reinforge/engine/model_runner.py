@@ -278,7 +278,9 @@ class SlotCacheRunner:
         # The fused CPU kernels (engine.fused) for float32 on the CPU; the eager path elsewhere.
         probe = next(model.parameters())
         self._fused: Any = fused_kernels() if fused_usable(probe) else None
-        self._silu = isinstance(self.act, torch.nn.SiLU)
+        with torch.no_grad():  # transformers has its own SiLU classes: recognised by what they compute
+            grid = torch.linspace(-6.0, 6.0, 25)
+            self._silu = bool(torch.equal(self.act(grid), F.silu(grid)))
         self.refresh_weights()
 
     def refresh_weights(self) -> None:
