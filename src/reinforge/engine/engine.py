@@ -43,6 +43,7 @@ from reinforge.engine.errors import EngineError, EngineStoppedError
 from reinforge.engine.lifecycle import StartStop
 from reinforge.engine.logit_shaping import GrammarCompiler, LogitShaper
 from reinforge.engine.model_runner import ModelRunner, SlotCacheRunner, make_runner
+from reinforge.engine.openmp import release_openmp_workers
 from reinforge.engine.prefix_reuse import RetainedCache, RetainedCaches, plan_prefill, prefill_groups
 from reinforge.engine.sampling import RowParams, sample
 from reinforge.engine.sequence import EngineFinishReason, EngineSequence
@@ -220,6 +221,9 @@ class Engine(StartStop):
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="reinforge-engine", daemon=True)
                 self._thread.start()
+                # This thread's OpenMP workers (from loading the model) would slow every parallel
+                # region of the engine's thread; they come back if this thread computes again.
+                release_openmp_workers()
         return self
 
     def stop(self, timeout: float = 30.0) -> None:
