@@ -14,6 +14,9 @@ fi
 .venv/bin/python -m pip install -q torch==2.13.0
 .venv/bin/python -m pip install -q -e ".[dev,frameworks,ray,wandb,mlflow,models,models-gemma,harnesses]"
 .venv/bin/python -m pip check
+# The engine's fused CPU kernels (engine/fused.py) are compiled now rather than in the first forward;
+# where they cannot be (no C++ compiler), say so: the engine then runs its eager path.
+.venv/bin/python -c "from reinforge.engine import fused; fused.kernels() or print('setup: fused CPU kernels not built:', fused.failure())"
 # tests/dashboard drive Debian's chromium through Playwright (never `playwright install`): installed
 # here when missing, as root; otherwise say so (those tests fail, not skip, without a browser).
 if ! command -v chromium >/dev/null 2>&1; then
