@@ -66,6 +66,36 @@ def test_cascade_decode_without_a_prefix_is_plain_attention() -> None:
         torch.testing.assert_close(got[i], ref[0, :, 0], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("window", [None, 5, 30])
+def test_cascade_prefill_matches_attention_per_prompt(window: int | None) -> None:
+    heads, kv, d, cap, shared = 6, 2, 16, 64, 21
+    k, v = _cache(5, kv, cap, d, shared, seed=8)
+    first_slot, starts, lens = 1, [21, 25, 30], [7, 1, 12]  # prompt 1: 4 cached positions of its own
+    q = torch.randn(sum(lens), heads, d, generator=torch.Generator().manual_seed(2))
+    got = KERNELS.cascade_prefill(
+        q, k, v, first_slot, torch.tensor(starts), torch.tensor(lens), shared, window or 0, 0.3
+    )
+    offset = 0
+    for i, (c, n) in enumerate(zip(starts, lens, strict=True)):
+        mask = visible(torch.arange(c + n), c + torch.arange(n), window)
+        ref = F.scaled_dot_product_attention(
+            q[offset : offset + n].transpose(0, 1)[None],
+            k[first_slot + i, :, : c + n][None],
+            v[first_slot + i, :, : c + n][None],
+            attn_mask=mask,
+            enable_gqa=True,
+            scale=0.3,
+        )
+        torch.testing.assert_close(got[offset : offset + n], ref[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
+        offset += n
+
+
+def test_cascade_prefill_refuses_a_prefix_past_a_prompts_start() -> None:
+    k, v = _cache(2, 1, 16, 4, 0, seed=1)
+    with pytest.raises(RuntimeError, match="shared prefix past its start"):
+        KERNELS.cascade_prefill(torch.zeros(2, 1, 4), k, v, 0, torch.tensor([3, 5]), torch.tensor([1, 1]), 4, 0, 1.0)
+
+
 @pytest.mark.parametrize("qk_norm", [False, True])
 def test_rope_store_rotates_and_writes_the_cache(qk_norm: bool) -> None:
     heads, kv, d, cap, rows = 4, 2, 16, 32, 6
@@ -129,7 +159,8 @@ def test_bad_input_is_refused_with_a_message() -> None:
 def test_the_runner_gives_the_same_logits_with_and_without_the_kernels(
     llama: torch.nn.Module, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Prefill, cascade decode over a shared prefix and a speculative verify, fused against eager."""
+    """Prefill (whole, then after a shared prefix), cascade decode over that prefix and a speculative
+    verify, fused against eager."""
     gen = torch.Generator().manual_seed(4)
     shared = torch.randint(3, 270, (70,), generator=gen).tolist()
     batch = [shared + torch.randint(3, 270, (5 + 2 * i,), generator=gen).tolist() for i in range(4)]
@@ -138,7 +169,10 @@ def test_the_runner_gives_the_same_logits_with_and_without_the_kernels(
     eager_runner = SlotCacheRunner(llama, 4, 128)
     assert fused_runner._fused is not None and eager_runner._fused is None
     for runner in (fused_runner, eager_runner):
-        runner.logits = [runner.prefill(0, batch)]  # type: ignore[attr-defined]
+        # The first prompt in full, then the others after its 70 shared positions (a cascade prefill).
+        runner.logits = [runner.prefill(0, batch[:1])]  # type: ignore[attr-defined]
+        runner.move_many([(0, slot, len(shared)) for slot in (1, 2, 3)])
+        runner.logits.append(runner.prefill(1, batch[1:], cached=[len(shared)] * 3))  # type: ignore[attr-defined]
         positions = [len(p) for p in batch]
         runner.logits.append(runner.decode([3, 4, 5, 6], positions))  # type: ignore[attr-defined]
         step = [p + 1 for p in positions]

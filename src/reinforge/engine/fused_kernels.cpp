@@ -243,6 +243,113 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
   return out.view({kv, n, group, d}).permute({1, 0, 2, 3}).reshape({n, heads, d});
 }
 
+// Prefill attention for prompts that share a cached prefix (prefix reuse copied it into each of
+// their slots): prompt i's lens[i] new tokens sit at positions starts[i].. in slot first_slot + i,
+// already written to the cache, and the first `shared` positions (shared <= every start) are the same
+// in all these slots, read from slot first_slot. q: [tokens, heads, d] packed prompt after prompt.
+// Returns [tokens, heads, d].
+//
+// SDPA would read the shared keys once per prompt and pad the prompts to one length; here blocks of
+// queries of one KV head are multiplied against the shared keys (small matrix products, one block per
+// task of the thread pool, so its scores stay in cache), and each query's own positions (the
+// prompt's tokens after the prefix, causal) are joined to them in one softmax.
+at::Tensor cascade_prefill(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_slot,
+                           const at::Tensor& starts, const at::Tensor& lens, int64_t shared, int64_t window,
+                           double scale) {
+  check_float(q, "q");
+  check_float(k, "k");
+  check_float(v, "v");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.sizes() == k.sizes(), "q must be [tokens, heads, d], k and v [slots, kv, cap, d]");
+  const int64_t tokens = q.size(0), heads = q.size(1), d = q.size(2);
+  const int64_t kv = k.size(1), cap = k.size(2);
+  TORCH_CHECK(k.size(3) == d && heads % kv == 0, "q does not match the cache's shape");
+  const int64_t m = starts.numel();
+  check_index(starts, m, "starts");
+  check_index(lens, m, "lens");
+  TORCH_CHECK(first_slot >= 0 && first_slot + m <= k.size(0), "the prompts' slots are outside the cache");
+  const int64_t* st = starts.data_ptr<int64_t>();
+  const int64_t* ln = lens.data_ptr<int64_t>();
+  // Each token's prompt and position.
+  std::vector<int64_t> prompt_of(tokens), position(tokens);
+  int64_t t = 0, longest_own = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    TORCH_CHECK(ln[i] >= 0 && st[i] >= shared && st[i] + ln[i] <= cap, "prompt ", i, ": positions outside the cache or a shared prefix past its start");
+    for (int64_t j = 0; j < ln[i]; ++j, ++t) {
+      TORCH_CHECK(t < tokens, "lens add up to more than q's tokens");
+      prompt_of[t] = i;
+      position[t] = st[i] + j;
+    }
+    longest_own = std::max(longest_own, st[i] + ln[i] - shared);
+  }
+  TORCH_CHECK(t == tokens, "lens add up to ", t, " tokens, q has ", tokens);
+  const int64_t group = heads / kv;
+  constexpr int64_t kBlockTokens = 32;
+  const int64_t blocks = (tokens + kBlockTokens - 1) / kBlockTokens;
+  at::Tensor out = at::empty({tokens, heads, d}, q.options());
+  const float* Qp = q.data_ptr<float>();
+  const float* K = k.data_ptr<float>();
+  const float* V = v.data_ptr<float>();
+  float* O = out.data_ptr<float>();
+  const float s = static_cast<float>(scale);
+  at::Tensor k0 = k.select(0, first_slot).narrow(1, 0, shared);  // [kv, shared, d]
+  at::Tensor v0 = v.select(0, first_slot).narrow(1, 0, shared);
+  at::parallel_for(0, kv * blocks, 1, [&](int64_t begin, int64_t end) {
+    const int64_t rows_max = kBlockTokens * group;
+    at::Tensor qb = at::empty({rows_max, d}, q.options());
+    at::Tensor sb = at::empty({rows_max, shared}, q.options());
+    at::Tensor ob = at::empty({rows_max, d}, q.options());
+    std::vector<float> own(std::max<int64_t>(longest_own, 1));
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t h = u / blocks, b = u % blocks;
+      const int64_t t0 = b * kBlockTokens, t1 = std::min(tokens, t0 + kBlockTokens), rows = (t1 - t0) * group;
+      float* Qb = qb.data_ptr<float>();
+      for (int64_t tt = t0; tt < t1; ++tt)
+        for (int64_t g = 0; g < group; ++g) {
+          const float* a = Qp + (tt * heads + h * group + g) * d;
+          float* dst = Qb + ((tt - t0) * group + g) * d;
+#pragma omp simd
+          for (int64_t x = 0; x < d; ++x) dst[x] = a[x] * s;
+        }
+      at::Tensor qv = qb.narrow(0, 0, rows), sv = sb.narrow(0, 0, rows), ov = ob.narrow(0, 0, rows);
+      if (shared > 0) at::mm_out(sv, qv, k0.select(0, h).t());
+      float* Sb = sb.data_ptr<float>();
+      float* Ob = ob.data_ptr<float>();
+      for (int64_t tt = t0; tt < t1; ++tt) {
+        const int64_t i = prompt_of[tt], p = position[tt], slot = first_slot + i;
+        const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+        const int64_t pre_lo = std::min(lo, shared), pre_hi = std::min(p + 1, shared);
+        const int64_t own_lo = std::max(lo, shared), own_n = p + 1 - own_lo;
+        const float* keys = K + ((slot * kv + h) * cap + own_lo) * d;
+        const float* values = V + ((slot * kv + h) * cap + own_lo) * d;
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t r = (tt - t0) * group + g;
+          float* srow = Sb + r * shared;
+          if (own_n > 0) scores_any(Qb + r * d, keys, d, own_n, d, own.data());
+          const float m_ = max_of(own.data(), std::max<int64_t>(own_n, 0),
+                                  max_of(srow + pre_lo, pre_hi - pre_lo, -std::numeric_limits<float>::infinity()));
+          float sum = exp_shifted(srow + pre_lo, pre_hi - pre_lo, m_);
+          if (own_n > 0) sum += exp_shifted(own.data(), own_n, m_);
+          const float inv = 1.f / sum;
+          std::fill(srow, srow + pre_lo, 0.f);
+          std::fill(srow + pre_hi, srow + shared, 0.f);
+          scale_by(srow + pre_lo, pre_hi - pre_lo, inv);
+          float* orow = Ob + r * d;
+          if (own_n > 0) {
+            scale_by(own.data(), own_n, inv);
+            weighted_sum_any(own.data(), values, d, own_n, d, orow);
+          } else {
+            std::fill(orow, orow + d, 0.f);
+          }
+        }
+      }
+      if (shared > 0) ov.addmm_(sv, v0.select(0, h));
+      for (int64_t tt = t0; tt < t1; ++tt)
+        std::copy_n(Ob + (tt - t0) * group * d, group * d, O + (tt * heads + h * group) * d);
+    }
+  });
+  return out;
+}
+
 // One layer's fused q/k/v output ([rows, (heads + 2 kv) * d]) after the projection: queries and keys
 // normalised per head where the family does (qk_norm [heads + kv, d]), rotated with the RoPE tables
 // (cos, sin: [positions, d], sin carrying rotate_half's sign), keys and values written to the cache
@@ -381,6 +488,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cascade_decode", &cascade_decode, "Cascade decode attention over a shared prefix");
+  m.def("cascade_prefill", &cascade_prefill, "Prefill attention over a prefix the prompts share");
   m.def("rope_store", &rope_store, "RoPE (and per-head norms) on q/k, k/v written to the cache");
   m.def("add_rms_norm", &add_rms_norm, "Residual add, then RMSNorm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");

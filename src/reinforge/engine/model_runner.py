@@ -539,17 +539,27 @@ class SlotCacheRunner:
         feed = self._feed(torch.tensor(slot_of, device=self.device), pos)
         x = self._embed([t for p, c in zip(prompts, starts, strict=True) for t in p[c:]])
         hidden = self._input_norm(x)
-        padded = _pads_cheaply(starts, lens)
+        fused = self._fused
+        shared = self._prefill_shared(prompts, starts, adapters) if fused is not None else 0
+        cascade = shared >= _CASCADE_MIN_SHARED
+        padded = not cascade and _pads_cheaply(starts, lens)
         windows = dict.fromkeys(self.windows)
         arange = self._arange
         batch_masks = {w: padded_mask(arange, starts, lens, w) for w in windows} if padded else {}
-        prompt_masks = {} if padded else {w: per_prompt_masks(arange, starts, lens, w) for w in windows}
+        per_prompt = not (cascade or padded)
+        prompt_masks = {w: per_prompt_masks(arange, starts, lens, w) for w in windows} if per_prompt else {}
+        starts_t, lens_t = torch.tensor(starts), torch.tensor(lens)
         last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
         final = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
             q = self._queries(index, layer, hidden, feed)
             window = self.windows[index]
-            if padded:
+            if cascade:
+                attn = fused.cascade_prefill(
+                    q, self._k[index], self._v[index], first_slot, starts_t, lens_t, shared, window or 0,
+                    self.arch.attn_scale,
+                )  # fmt: skip
+            elif padded:
                 mask = batch_masks[window]
                 attn = self._padded_attention(index, first_slot, q, starts, lens, mask)
             else:
@@ -563,6 +573,20 @@ class SlotCacheRunner:
                 self._groups = self._row_groups(adapters)
             x, hidden = self._after_attention(index, layer, x, attn)
         return self._logits(hidden)
+
+    def _prefill_shared(
+        self, prompts: list[list[int]], starts: list[int], adapters: list[str | None] | None
+    ) -> int:
+        """How many leading cached positions every prompt of a prefill holds the same tokens at (with
+        one adapter for all): prefix reuse copied them into each prompt's slot, so attention can read
+        them once for all (`cascade_prefill`). 0 for a lone prompt."""
+        if len(prompts) < 2 or (adapters and len(set(adapters)) > 1):
+            return 0
+        shared = min(starts)
+        first = prompts[0]
+        for prompt in prompts[1:]:
+            shared = common_prefix(first, prompt, shared)
+        return shared
 
     def _attention_per_prompt(
         self,
