@@ -27,7 +27,9 @@ def test_the_kernels_build_where_a_compiler_is() -> None:
     assert KERNELS is not None, fused.failure()
 
 
-def _cache(slots: int, kv: int, cap: int, d: int, shared: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _cache(
+    slots: int, kv: int, cap: int, d: int, shared: int, seed: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     k = torch.randn(slots, kv, cap, d, generator=gen)
     v = torch.randn(slots, kv, cap, d, generator=gen)
@@ -93,7 +95,9 @@ def test_cascade_prefill_matches_attention_per_prompt(window: int | None) -> Non
 def test_cascade_prefill_refuses_a_prefix_past_a_prompts_start() -> None:
     k, v = _cache(2, 1, 16, 4, 0, seed=1)
     with pytest.raises(RuntimeError, match="shared prefix past its start"):
-        KERNELS.cascade_prefill(torch.zeros(2, 1, 4), k, v, 0, torch.tensor([3, 5]), torch.tensor([1, 1]), 4, 0, 1.0)
+        KERNELS.cascade_prefill(
+            torch.zeros(2, 1, 4), k, v, 0, torch.tensor([3, 5]), torch.tensor([1, 1]), 4, 0, 1.0
+        )
 
 
 @pytest.mark.parametrize("qk_norm", [False, True])
@@ -144,16 +148,18 @@ def test_silu_mul_covers_the_vector_tail() -> None:
 def test_bad_input_is_refused_with_a_message() -> None:
     k, v = _cache(2, 1, 8, 4, 0, seed=1)
     with pytest.raises(RuntimeError, match="float32"):
-        KERNELS.cascade_decode(torch.zeros(2, 1, 4, dtype=torch.float64), k, v, 0, torch.tensor([1, 2]), 0, 1.0)
+        KERNELS.cascade_decode(
+            torch.zeros(2, 1, 4, dtype=torch.float64), k, v, 0, torch.tensor([1, 2]), 0, 1.0
+        )
     with pytest.raises(RuntimeError, match="outside the cache"):
         KERNELS.cascade_decode(torch.zeros(2, 1, 4), k, v, 0, torch.tensor([1, 8]), 0, 1.0)
     with pytest.raises(RuntimeError, match="one entry per row"):
         KERNELS.cascade_decode(torch.zeros(2, 1, 4), k, v, 0, torch.tensor([1]), 0, 1.0)
     with pytest.raises(RuntimeError, match="outside the cache"):
+        table = torch.zeros(8, 4)
         KERNELS.rope_store(
-            torch.zeros(1, 12), 1, torch.zeros(8, 4), torch.zeros(8, 4), torch.tensor([5]), torch.tensor([0]), k, v,
-            None, 1e-6,
-        )  # fmt: skip
+            torch.zeros(1, 12), 1, table, table, torch.tensor([5]), torch.tensor([0]), k, v, None, 1e-6
+        )
 
 
 def test_the_runner_gives_the_same_logits_with_and_without_the_kernels(

@@ -32,7 +32,9 @@ CHILD = textwrap.dedent(
 
 
 def test_the_calling_threads_workers_are_freed_and_come_back() -> None:
-    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, check=True, timeout=120
+    )
     before, grown, released, after, again = out.stdout.split()
     assert released == "True"
     assert int(grown) == int(before) + 1  # two threads: the caller and one worker

@@ -55,7 +55,7 @@ def instruction_set() -> tuple[str, list[str]]:
     if platform.machine() not in ("x86_64", "AMD64"):
         return "default", []
     flags = _cpu_flags()
-    if _AVX512 <= flags and "fma" in flags:
+    if flags >= _AVX512 and "fma" in flags:
         return "avx512", ["-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512bw",
                           "-mavx512vl", "-mavx512dq", "-mavx2", "-mfma"]  # fmt: skip
     if {"avx2", "fma"} <= flags:

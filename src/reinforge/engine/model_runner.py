@@ -213,6 +213,7 @@ class _LayerLora:
 
 
 _Groups = list[tuple[list[_LayerLora], torch.Tensor | None]]
+"""Per adapter in a forward: its layers' deltas and the rows it applies to (None: every row)."""
 
 
 @dataclass(frozen=True)
@@ -224,7 +225,6 @@ class _Feed:
     pos: torch.Tensor
     where: torch.Tensor | None
     rope: dict[str | None, tuple[torch.Tensor, torch.Tensor]] | None
-"""Per adapter in a forward: its layers' deltas and the rows it applies to (None: every row)."""
 
 
 class SlotCacheRunner:
@@ -434,7 +434,7 @@ class SlotCacheRunner:
         """The residual stream after a sublayer, `x + y` (`y` normalised first in a sandwich-norm family),
         and that sum normalised for what reads it next."""
         if self._fused is not None:
-            return self._fused.add_rms_norm(x, y, weight, eps, post_w, post_eps)  # type: ignore[no-any-return]
+            return self._fused.add_rms_norm(x, y, weight, eps, post_w, post_eps)
         size = (x.shape[-1],)
         if post_w is not None:
             y = F.rms_norm(y, size, post_w, post_eps)
@@ -486,8 +486,17 @@ class SlotCacheRunner:
         kind = self.arch.rope_kinds[index]
         if self._fused is not None:
             cos, sin = self.rope[kind]
-            return self._fused.rope_store(  # type: ignore[no-any-return]
-                qkv, h, cos, sin, feed.slots, feed.pos, self._k[index], self._v[index], layer.qk_norm_w, layer.qk_eps
+            return self._fused.rope_store(
+                qkv,
+                h,
+                cos,
+                sin,
+                feed.slots,
+                feed.pos,
+                self._k[index],
+                self._v[index],
+                layer.qk_norm_w,
+                layer.qk_eps,
             )
         assert feed.where is not None and feed.rope is not None
         rows = qkv.shape[0]
@@ -497,7 +506,9 @@ class SlotCacheRunner:
         cos, sin = feed.rope[kind]
         # rotate_half(x) * sin == roll(x, d/2) * sin_signed, with the sign folded into the table.
         qk = qk * cos + qk.roll(d // 2, dims=-1) * sin
-        _store_kv(self._k[index], self._v[index], feed.where, qk[:, h:], qkv[:, (h + kv) * d :].view(rows, kv, d))
+        _store_kv(
+            self._k[index], self._v[index], feed.where, qk[:, h:], qkv[:, (h + kv) * d :].view(rows, kv, d)
+        )
         return qk[:, :h]
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -744,7 +755,9 @@ class SlotCacheRunner:
             k_cache, v_cache = self._k[index], self._v[index]
             window = self.windows[index]
             if cascade and fused is not None:
-                attn = fused.cascade_decode(q, k_cache, v_cache, shared, pos, window or 0, self.arch.attn_scale)
+                attn = fused.cascade_decode(
+                    q, k_cache, v_cache, shared, pos, window or 0, self.arch.attn_scale
+                )
             elif cascade:
                 attn = cascade_decode(q, k_cache, v_cache, shared, span, biases[window], self.arch.attn_scale)
             else:
