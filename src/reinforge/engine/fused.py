@@ -14,6 +14,7 @@ eager PyTorch path and this says why once; `REINFORGE_FUSED_KERNELS=0` chooses t
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import platform
@@ -70,15 +71,29 @@ def _build_dir(name: str) -> Path:
     return path
 
 
-def _build() -> ModuleType:
-    from torch.utils import cpp_extension  # imported here: it pulls in setuptools
+def _import(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
+
+def _build() -> ModuleType:
     tier, flags = instruction_set()
     cflags = ["-O3", "-fopenmp", *flags]
     key = hashlib.sha256(
         SOURCE.read_bytes() + torch.__version__.encode() + " ".join(cflags).encode()
     ).hexdigest()[:12]
     name = f"reinforge_fused_{tier}_{key}"
+    built = _build_dir(name) / f"{name}.so"
+    if built.exists():
+        # The name is the source's, torch's and the flags' hash, so a library by that name is this
+        # build: imported straight away (cpp_extension's own check of it costs seconds per process,
+        # and every engine process loads the kernels).
+        return _import(name, built)
+    from torch.utils import cpp_extension  # imported here: it pulls in setuptools
     # The venv's own ninja (the `ninja` package) when the venv's bin is not on PATH.
     scripts = str(Path(sys.executable).parent)
     if shutil.which("ninja") is None and (Path(scripts) / "ninja").exists():

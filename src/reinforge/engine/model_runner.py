@@ -422,37 +422,6 @@ class SlotCacheRunner:
         x = F.embedding(torch.tensor(ids, dtype=torch.long, device=self.device), self.embed)
         return x * self.embed_scale if self.arch.embed_scale != 1.0 else x
 
-    def _add_norm(
-        self,
-        x: torch.Tensor,
-        y: torch.Tensor,
-        weight: torch.Tensor,
-        eps: float,
-        post_w: torch.Tensor | None,
-        post_eps: float,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The residual stream after a sublayer, `x + y` (`y` normalised first in a sandwich-norm family),
-        and that sum normalised for what reads it next."""
-        if self._fused is not None:
-            return self._fused.add_rms_norm(x, y, weight, eps, post_w, post_eps)
-        size = (x.shape[-1],)
-        if post_w is not None:
-            y = F.rms_norm(y, size, post_w, post_eps)
-        x = x + y
-        return x, F.rms_norm(x, size, weight, eps)
-
-    def _next_norm(self, index: int) -> tuple[torch.Tensor, float]:
-        """The norm that reads layer `index`'s output: the next layer's input norm, or the final one."""
-        if index + 1 < len(self.layers):
-            following = self.layers[index + 1]
-            return following.ln1_w, following.eps
-        return self.norm_w, self.norm_eps
-
-    def _input_norm(self, x: torch.Tensor) -> torch.Tensor:
-        """The first layer's normalised input; later layers' come out of `_after_attention`."""
-        first = self.layers[0]
-        return F.rms_norm(x, (x.shape[-1],), first.ln1_w, first.eps)
-
     def _after_attention(
         self, index: int, layer: _Layer, x: torch.Tensor, attn: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -460,23 +429,29 @@ class SlotCacheRunner:
         a sandwich-norm family's norms on both outputs). Returns the residual stream and its
         normalised form for the next layer (or the LM head)."""
         out = self._linear(attn, layer.o_w, layer.o_b, index, "o")
-        x, h = self._add_norm(x, out, layer.ln2_w, layer.eps, layer.post_attn_w, layer.eps)
+        fused = self._fused
+        x, h = _add_norm(fused, x, out, layer.ln2_w, layer.eps, layer.post_attn_w, layer.eps)
         gate_up = self._linear(h, layer.gate_up_w, layer.gate_up_b, index, "gate_up")
-        if self._fused is not None and self._silu:
-            act = self._fused.silu_mul(gate_up)
+        if fused is not None and self._silu:
+            act = fused.silu_mul(gate_up)
         else:
             gate, up = gate_up.chunk(2, dim=-1)
             act = self.act(gate) * up
         out = self._linear(act, layer.down_w, layer.down_b, index, "down")
-        weight, eps = self._next_norm(index)
-        return self._add_norm(x, out, weight, eps, layer.post_mlp_w, layer.eps)
+        # The norm that reads this output: the next layer's input norm, or the final one.
+        following = self.layers[index + 1] if index + 1 < len(self.layers) else None
+        weight, eps = (
+            (following.ln1_w, following.eps) if following is not None else (self.norm_w, self.norm_eps)
+        )
+        return _add_norm(fused, x, out, weight, eps, layer.post_mlp_w, layer.eps)
 
     def _feed(self, slots: torch.Tensor, pos: torch.Tensor) -> _Feed:
         """Where a forward's rows go in the cache (slot and position each), in the form the path
         that writes them needs."""
         if self._fused is not None:
             return _Feed(slots, pos, None, None)
-        return _Feed(slots, pos, self._cache_rows(slots, pos), _rope_at(self.rope, pos))
+        where = _cache_rows(slots, pos, self.num_kv_heads, self._len_cap)
+        return _Feed(slots, pos, where, _rope_at(self.rope, pos))
 
     def _queries(self, index: int, layer: _Layer, hidden: torch.Tensor, feed: _Feed) -> torch.Tensor:
         """The layer's queries `[rows, heads, head_dim]`, normalised per head where the family does and
@@ -519,12 +494,6 @@ class SlotCacheRunner:
             logits = torch.tanh(logits / cap) * cap
         return logits.float()
 
-    def _cache_rows(self, slots: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Where each token's keys (one row per KV head) go in a layer's cache viewed as
-        `[slots * kv_heads * capacity, head_dim]`: one `index_copy_` writes them all."""
-        heads = torch.arange(self.num_kv_heads, device=self.device)
-        return ((slots[:, None] * self.num_kv_heads + heads) * self._len_cap + pos[:, None]).reshape(-1)
-
     @torch.inference_mode()
     def prefill(
         self,
@@ -549,9 +518,9 @@ class SlotCacheRunner:
         slot_of = [first_slot + i for i, n in enumerate(lens) for _ in range(n)]
         feed = self._feed(torch.tensor(slot_of, device=self.device), pos)
         x = self._embed([t for p, c in zip(prompts, starts, strict=True) for t in p[c:]])
-        hidden = self._input_norm(x)
+        hidden = _input_norm(self.layers[0], x)
         fused = self._fused
-        shared = self._prefill_shared(prompts, starts, adapters) if fused is not None else 0
+        shared = _prefill_shared(prompts, starts, adapters) if fused is not None else 0
         cascade = shared >= _CASCADE_MIN_SHARED
         padded = not cascade and _pads_cheaply(starts, lens)
         windows = dict.fromkeys(self.windows)
@@ -584,20 +553,6 @@ class SlotCacheRunner:
                 self._groups = self._row_groups(adapters)
             x, hidden = self._after_attention(index, layer, x, attn)
         return self._logits(hidden)
-
-    def _prefill_shared(
-        self, prompts: list[list[int]], starts: list[int], adapters: list[str | None] | None
-    ) -> int:
-        """How many leading cached positions every prompt of a prefill holds the same tokens at (with
-        one adapter for all): prefix reuse copied them into each prompt's slot, so attention can read
-        them once for all (`cascade_prefill`). 0 for a lone prompt."""
-        if len(prompts) < 2 or (adapters and len(set(adapters)) > 1):
-            return 0
-        shared = min(starts)
-        first = prompts[0]
-        for prompt in prompts[1:]:
-            shared = common_prefix(first, prompt, shared)
-        return shared
 
     def _attention_per_prompt(
         self,
@@ -732,7 +687,7 @@ class SlotCacheRunner:
         pos = torch.tensor(positions, device=self.device)
         feed = self._feed(torch.arange(n, device=self.device), pos)
         x = self._embed(tokens)
-        hidden = self._input_norm(x)
+        hidden = _input_norm(self.layers[0], x)
         h, kv = self.num_heads, self.num_kv_heads
         gqa = kv != h
         span = max(positions) + 1
@@ -795,7 +750,7 @@ class SlotCacheRunner:
         slot_of = torch.tensor([i for i, m in enumerate(lens) for _ in range(m)], device=self.device)
         feed = self._feed(slot_of, pos)
         x = self._embed([t for fed in feeds for t in fed])
-        hidden = self._input_norm(x)
+        hidden = _input_norm(self.layers[0], x)
         h, width = self.num_heads, max(lens)
         shared = min(self._shared_prefix(n, adapters), span - 1) if n > 1 else 0
         cascade = shared >= _CASCADE_MIN_SHARED
@@ -945,6 +900,51 @@ class RecomputeRunner:
         copies = [(dst, self._seqs[src][:length]) for src, dst, length in moves]
         for dst, tokens in copies:
             self._seqs[dst] = tokens
+
+
+def _add_norm(
+    fused: Any,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    post_w: torch.Tensor | None,
+    post_eps: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The residual stream after a sublayer, `x + y` (`y` normalised first in a sandwich-norm family),
+    and that sum normalised for what reads it next; one call of the fused kernel where there is one."""
+    if fused is not None:
+        return fused.add_rms_norm(x, y, weight, eps, post_w, post_eps)
+    size = (x.shape[-1],)
+    if post_w is not None:
+        y = F.rms_norm(y, size, post_w, post_eps)
+    x = x + y
+    return x, F.rms_norm(x, size, weight, eps)
+
+
+def _input_norm(first: _Layer, x: torch.Tensor) -> torch.Tensor:
+    """The first layer's normalised input; later layers' come out of `_after_attention`."""
+    return F.rms_norm(x, (x.shape[-1],), first.ln1_w, first.eps)
+
+
+def _prefill_shared(prompts: list[list[int]], starts: list[int], adapters: list[str | None] | None) -> int:
+    """How many leading cached positions every prompt of a prefill holds the same tokens at (with one
+    adapter for all): prefix reuse copied them into each prompt's slot, so attention can read them
+    once for all (`cascade_prefill`). 0 for a lone prompt."""
+    if len(prompts) < 2 or (adapters and len(set(adapters)) > 1):
+        return 0
+    shared = min(starts)
+    first = prompts[0]
+    for prompt in prompts[1:]:
+        shared = common_prefix(first, prompt, shared)
+    return shared
+
+
+def _cache_rows(slots: torch.Tensor, pos: torch.Tensor, kv_heads: int, capacity: int) -> torch.Tensor:
+    """Where each token's keys (one row per KV head) go in a layer's cache viewed as
+    `[slots * kv_heads * capacity, head_dim]`: one `index_copy_` writes them all."""
+    heads = torch.arange(kv_heads, device=slots.device)
+    return ((slots[:, None] * kv_heads + heads) * capacity + pos[:, None]).reshape(-1)
 
 
 def _store_kv(
