@@ -94,6 +94,7 @@ def _build() -> ModuleType:
         # and every engine process loads the kernels).
         return _import(name, built)
     from torch.utils import cpp_extension  # imported here: it pulls in setuptools
+
     # The venv's own ninja (the `ninja` package) when the venv's bin is not on PATH.
     scripts = str(Path(sys.executable).parent)
     if shutil.which("ninja") is None and (Path(scripts) / "ninja").exists():
