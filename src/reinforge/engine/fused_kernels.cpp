@@ -15,6 +15,7 @@
 #include <functional>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -90,30 +91,32 @@ void weighted_sum_vec(const float* w, const float* values, int64_t stride, int64
   for (int c = 0; c < CHUNKS; ++c) acc[c].store(out + c * Vec::size());
 }
 
-void scores_any(const float* q, const float* keys, int64_t stride, int64_t count, int64_t d, float* out) {
-  switch (d / Vec::size() * (d % Vec::size() == 0)) {
-    case 2: return scores_vec<2>(q, keys, stride, count, out);
-    case 4: return scores_vec<4>(q, keys, stride, count, out);
-    case 8: return scores_vec<8>(q, keys, stride, count, out);
-    case 16: return scores_vec<16>(q, keys, stride, count, out);
-    default:
-      for (int64_t j = 0; j < count; ++j) out[j] = dot(q, keys + j * stride, d);
+// Calls f(std::integral_constant<int, C>{}) with C = d / Vec::size(), for the head sizes the kernels
+// unroll into registers; false (f not called) for any other.
+template <typename F>
+bool with_chunks(int64_t d, F&& f) {
+  if (d % Vec::size() != 0) return false;
+  switch (d / Vec::size()) {
+    case 2: f(std::integral_constant<int, 2>{}); return true;
+    case 4: f(std::integral_constant<int, 4>{}); return true;
+    case 8: f(std::integral_constant<int, 8>{}); return true;
+    case 16: f(std::integral_constant<int, 16>{}); return true;
+    default: return false;
   }
 }
 
+void scores_any(const float* q, const float* keys, int64_t stride, int64_t count, int64_t d, float* out) {
+  if (with_chunks(d, [&](auto c) { scores_vec<decltype(c)::value>(q, keys, stride, count, out); })) return;
+  for (int64_t j = 0; j < count; ++j) out[j] = dot(q, keys + j * stride, d);
+}
+
 void weighted_sum_any(const float* w, const float* values, int64_t stride, int64_t count, int64_t d, float* out) {
-  switch (d / Vec::size() * (d % Vec::size() == 0)) {
-    case 2: return weighted_sum_vec<2>(w, values, stride, count, out);
-    case 4: return weighted_sum_vec<4>(w, values, stride, count, out);
-    case 8: return weighted_sum_vec<8>(w, values, stride, count, out);
-    case 16: return weighted_sum_vec<16>(w, values, stride, count, out);
-    default:
-      std::fill(out, out + d, 0.f);
-      for (int64_t j = 0; j < count; ++j) {
-        const float* v = values + j * stride;
+  if (with_chunks(d, [&](auto c) { weighted_sum_vec<decltype(c)::value>(w, values, stride, count, out); })) return;
+  std::fill(out, out + d, 0.f);
+  for (int64_t j = 0; j < count; ++j) {
+    const float* v = values + j * stride;
 #pragma omp simd
-        for (int64_t x = 0; x < d; ++x) out[x] += w[j] * v[x];
-      }
+    for (int64_t x = 0; x < d; ++x) out[x] += w[j] * v[x];
   }
 }
 
@@ -150,6 +153,39 @@ void scale_by(float* x, int64_t count, float s) {
   for (int64_t j = 0; j < count; ++j) x[j] *= s;
 }
 
+// One query's attention after its shared-prefix scores are in `srow` (length `shared`): its own
+// positions' scores (keys and values from `own_keys`/`own_values`, `own_n` rows, into `own`), one
+// softmax over the visible prefix [pre_lo, pre_hi) and its own positions, the prefix's scores turned
+// into probabilities in place (zeros where it does not see), and the own positions' share of the
+// output in `orow`; the prefix's share is the caller's one matrix product.
+void attend_row(const float* q, float* srow, int64_t shared, int64_t pre_lo, int64_t pre_hi, const float* own_keys,
+                const float* own_values, int64_t own_n, int64_t d, float* own, float* orow) {
+  if (own_n > 0) scores_any(q, own_keys, d, own_n, d, own);
+  const float m = max_of(own, std::max<int64_t>(own_n, 0),
+                         max_of(srow + pre_lo, pre_hi - pre_lo, -std::numeric_limits<float>::infinity()));
+  float sum = exp_shifted(srow + pre_lo, pre_hi - pre_lo, m);
+  if (own_n > 0) sum += exp_shifted(own, own_n, m);
+  const float inv = 1.f / sum;
+  std::fill(srow, srow + pre_lo, 0.f);
+  std::fill(srow + pre_hi, srow + shared, 0.f);
+  scale_by(srow + pre_lo, pre_hi - pre_lo, inv);
+  if (own_n > 0) {
+    scale_by(own, own_n, inv);
+    weighted_sum_any(own, own_values, d, own_n, d, orow);
+  } else {
+    std::fill(orow, orow + d, 0.f);
+  }
+}
+
+// q [rows, heads, d] against one layer's cache [slots, kv_heads, capacity, d] (k and v alike).
+void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  check_float(q, "q");
+  check_float(k, "k");
+  check_float(v, "v");
+  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.sizes() == k.sizes(), "q must be [rows, heads, d], k and v [slots, kv, cap, d]");
+  TORCH_CHECK(k.size(3) == q.size(2) && q.size(1) % k.size(1) == 0, "q does not match the cache's shape");
+}
+
 }  // namespace
 
 // Cascade decode attention for rows 0..n-1 (row i is cache slot i at position positions[i]), whose
@@ -161,13 +197,10 @@ void scale_by(float* x, int64_t count, float s) {
 // positions, the masks and the joint softmax are one pass here, per row and KV head.
 at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t shared,
                           const at::Tensor& positions, int64_t window, double scale) {
-  check_float(q, "q");
-  check_float(k, "k");
-  check_float(v, "v");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.sizes() == k.sizes(), "q must be [n, heads, d], k and v [slots, kv, cap, d]");
+  check_attention(q, k, v);
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t kv = k.size(1), cap = k.size(2);
-  TORCH_CHECK(k.size(3) == d && heads % kv == 0 && n <= k.size(0), "q does not match the cache's shape");
+  TORCH_CHECK(n <= k.size(0), "more rows than the cache has slots");
   check_index(positions, n, "positions");
   const int64_t group = heads / kv, rows = n * group;
   const int64_t* pos = positions.data_ptr<int64_t>();
@@ -220,22 +253,8 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
         const int64_t r = i * group + g;
         float* srow = S + (h * rows + r) * span;
         float* own = srow + own_lo;
-        if (own_n > 0) scores_any(Q + (h * rows + r) * d, keys + own_lo * d, d, own_n, d, own);
-        const float m = max_of(own, std::max<int64_t>(own_n, 0),
-                               max_of(srow + pre_lo, pre_hi - pre_lo, -std::numeric_limits<float>::infinity()));
-        float sum = exp_shifted(srow + pre_lo, pre_hi - pre_lo, m);
-        if (own_n > 0) sum += exp_shifted(own, own_n, m);
-        const float inv = 1.f / sum;
-        std::fill(srow, srow + pre_lo, 0.f);
-        std::fill(srow + pre_hi, srow + shared, 0.f);
-        scale_by(srow + pre_lo, pre_hi - pre_lo, inv);
-        float* orow = O + (h * rows + r) * d;
-        if (own_n > 0) {
-          scale_by(own, own_n, inv);
-          weighted_sum_any(own, values + own_lo * d, d, own_n, d, orow);
-        } else {
-          std::fill(orow, orow + d, 0.f);
-        }
+        attend_row(Q + (h * rows + r) * d, srow, shared, pre_lo, pre_hi, keys + own_lo * d, values + own_lo * d,
+                   own_n, d, own, O + (h * rows + r) * d);
       }
     }
   });
@@ -256,13 +275,9 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
 at::Tensor cascade_prefill(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_slot,
                            const at::Tensor& starts, const at::Tensor& lens, int64_t shared, int64_t window,
                            double scale) {
-  check_float(q, "q");
-  check_float(k, "k");
-  check_float(v, "v");
-  TORCH_CHECK(q.dim() == 3 && k.dim() == 4 && v.sizes() == k.sizes(), "q must be [tokens, heads, d], k and v [slots, kv, cap, d]");
+  check_attention(q, k, v);
   const int64_t tokens = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t kv = k.size(1), cap = k.size(2);
-  TORCH_CHECK(k.size(3) == d && heads % kv == 0, "q does not match the cache's shape");
   const int64_t m = starts.numel();
   check_index(starts, m, "starts");
   check_index(lens, m, "lens");
@@ -323,23 +338,7 @@ at::Tensor cascade_prefill(const at::Tensor& q, const at::Tensor& k, const at::T
         const float* values = V + ((slot * kv + h) * cap + own_lo) * d;
         for (int64_t g = 0; g < group; ++g) {
           const int64_t r = (tt - t0) * group + g;
-          float* srow = Sb + r * shared;
-          if (own_n > 0) scores_any(Qb + r * d, keys, d, own_n, d, own.data());
-          const float m_ = max_of(own.data(), std::max<int64_t>(own_n, 0),
-                                  max_of(srow + pre_lo, pre_hi - pre_lo, -std::numeric_limits<float>::infinity()));
-          float sum = exp_shifted(srow + pre_lo, pre_hi - pre_lo, m_);
-          if (own_n > 0) sum += exp_shifted(own.data(), own_n, m_);
-          const float inv = 1.f / sum;
-          std::fill(srow, srow + pre_lo, 0.f);
-          std::fill(srow + pre_hi, srow + shared, 0.f);
-          scale_by(srow + pre_lo, pre_hi - pre_lo, inv);
-          float* orow = Ob + r * d;
-          if (own_n > 0) {
-            scale_by(own.data(), own_n, inv);
-            weighted_sum_any(own.data(), values, d, own_n, d, orow);
-          } else {
-            std::fill(orow, orow + d, 0.f);
-          }
+          attend_row(Qb + r * d, Sb + r * shared, shared, pre_lo, pre_hi, keys, values, own_n, d, own.data(), Ob + r * d);
         }
       }
       if (shared > 0) ov.addmm_(sv, v0.select(0, h));
