@@ -87,11 +87,13 @@ def _build() -> ModuleType:
         SOURCE.read_bytes() + torch.__version__.encode() + " ".join(cflags).encode()
     ).hexdigest()[:12]
     name = f"reinforge_fused_{tier}_{key}"
-    built = _build_dir(name) / f"{name}.so"
-    if built.exists():
+    folder = _build_dir(name)
+    built = folder / f"{name}.so"
+    if built.exists() and not (folder / "lock").exists():
         # The name is the source's, torch's and the flags' hash, so a library by that name is this
-        # build: imported straight away (cpp_extension's own check of it costs seconds per process,
-        # and every engine process loads the kernels).
+        # build: imported straight away, without cpp_extension's own check and its setuptools import
+        # (~50 ms in every engine process). While another process builds it holds `lock` there, and
+        # cpp_extension below waits for it.
         return _import(name, built)
     from torch.utils import cpp_extension  # imported here: it pulls in setuptools
 
@@ -104,7 +106,7 @@ def _build() -> ModuleType:
         sources=[str(SOURCE)],
         extra_cflags=cflags,
         extra_ldflags=["-fopenmp"],  # libgomp: the one torch has loaded already (same soname)
-        build_directory=str(_build_dir(name)),
+        build_directory=str(folder),
         verbose=False,
     )
     return module
