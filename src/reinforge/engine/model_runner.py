@@ -695,9 +695,11 @@ class SlotCacheRunner:
         cascade = shared >= _CASCADE_MIN_SHARED
         windows = dict.fromkeys(self.windows)
         fused = self._fused
+        biases: dict[int | None, torch.Tensor] = {}
+        plan: dict[int | None, list[tuple[int, int, int, torch.Tensor]]] = {}
         if cascade and fused is None:
             biases = {w: additive(visible(self._arange[:span], pos, w))[:, None, None] for w in windows}
-        else:
+        elif not cascade:  # the fused cascade needs neither: it masks by position itself
             plan = {
                 w: [
                     (a, b, s, visible(self._arange[:s], pos[a:b], w)[:, None, None])
