@@ -153,14 +153,18 @@ void scale_by(float* x, int64_t count, float s) {
   for (int64_t j = 0; j < count; ++j) x[j] *= s;
 }
 
-// One query's attention after its shared-prefix scores are in `srow` (length `shared`): its own
-// positions' scores (keys and values from `own_keys`/`own_values`, `own_n` rows, into `own`), one
-// softmax over the visible prefix [pre_lo, pre_hi) and its own positions, the prefix's scores turned
-// into probabilities in place (zeros where it does not see), and the own positions' share of the
-// output in `orow`; the prefix's share is the caller's one matrix product.
-void attend_row(const float* q, float* srow, int64_t shared, int64_t pre_lo, int64_t pre_hi, const float* own_keys,
-                const float* own_values, int64_t own_n, int64_t d, float* own, float* orow) {
-  if (own_n > 0) scores_any(q, own_keys, d, own_n, d, own);
+// One query at position p (keys and values of its slot from `keys`/`values`, a row per position), after
+// its scores against the `shared` prefix positions are in `srow`: its own positions' scores (those
+// after the prefix it sees, causal and within `window` if > 0, into the scratch `own`), one softmax
+// over the visible prefix and its own positions, the prefix's scores turned into probabilities in
+// place (zeros where it does not see), and the own positions' share of the output in `orow`; the
+// prefix's share is the caller's one matrix product.
+void attend_row(const float* q, float* srow, int64_t shared, int64_t p, int64_t window, const float* keys,
+                const float* values, int64_t d, float* own, float* orow) {
+  const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
+  const int64_t pre_lo = std::min(lo, shared), pre_hi = std::min(p + 1, shared);
+  const int64_t own_lo = std::max(lo, shared), own_n = p + 1 - own_lo;
+  if (own_n > 0) scores_any(q, keys + own_lo * d, d, own_n, d, own);
   const float m = max_of(own, std::max<int64_t>(own_n, 0),
                          max_of(srow + pre_lo, pre_hi - pre_lo, -std::numeric_limits<float>::infinity()));
   float sum = exp_shifted(srow + pre_lo, pre_hi - pre_lo, m);
@@ -171,10 +175,23 @@ void attend_row(const float* q, float* srow, int64_t shared, int64_t pre_lo, int
   scale_by(srow + pre_lo, pre_hi - pre_lo, inv);
   if (own_n > 0) {
     scale_by(own, own_n, inv);
-    weighted_sum_any(own, own_values, d, own_n, d, orow);
+    weighted_sum_any(own, values + own_lo * d, d, own_n, d, orow);
   } else {
     std::fill(orow, orow + d, 0.f);
   }
+}
+
+// Rows t0..t1 of q ([rows, heads, d]) for KV head h, scaled, as one matrix [(t1 - t0) * group, d]:
+// the queries that read that head's keys, in the order the scores and outputs keep them.
+void gather_head(const float* q, int64_t heads, int64_t group, int64_t d, int64_t h, int64_t t0, int64_t t1,
+                 float scale, float* dst) {
+  for (int64_t t = t0; t < t1; ++t)
+    for (int64_t g = 0; g < group; ++g) {
+      const float* a = q + (t * heads + h * group + g) * d;
+      float* b = dst + ((t - t0) * group + g) * d;
+#pragma omp simd
+      for (int64_t x = 0; x < d; ++x) b[x] = a[x] * scale;
+    }
 }
 
 // q [rows, heads, d] against one layer's cache [slots, kv_heads, capacity, d] (k and v alike).
@@ -213,52 +230,32 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
 
   // The queries of one KV head as one matrix, scaled: [kv, n * group, d].
   at::Tensor qs = at::empty({kv, rows, d}, q.options());
-  {
-    const float* src = q.data_ptr<float>();
-    float* dst = qs.data_ptr<float>();
-    const float s = static_cast<float>(scale);
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t h = 0; h < kv; ++h)
-        for (int64_t g = 0; g < group; ++g) {
-          const float* a = src + (i * heads + h * group + g) * d;
-          float* b = dst + ((h * n + i) * group + g) * d;
-#pragma omp simd
-          for (int64_t x = 0; x < d; ++x) b[x] = a[x] * s;
-        }
-  }
-  // Scores [kv, rows, span]: the shared part from one product, each row's own part filled below.
-  at::Tensor scores = at::empty({kv, rows, span}, q.options());
-  if (shared > 0) {
-    at::Tensor prefix = scores.narrow(2, 0, shared);
-    at::bmm_out(prefix, qs, k.select(0, 0).narrow(1, 0, shared).transpose(1, 2));
-  }
+  for (int64_t h = 0; h < kv; ++h)
+    gather_head(q.data_ptr<float>(), heads, group, d, h, 0, n, static_cast<float>(scale), qs.data_ptr<float>() + h * rows * d);
+  // The prefix's scores [kv, rows, shared] from one product; each row's own in a scratch of its thread.
+  at::Tensor scores = at::empty({kv, rows, shared}, q.options());
+  if (shared > 0) at::bmm_out(scores, qs, k.select(0, 0).narrow(1, 0, shared).transpose(1, 2));
   at::Tensor out = at::empty({kv, rows, d}, q.options());
   const float* K = k.data_ptr<float>();
   const float* V = v.data_ptr<float>();
   const float* Q = qs.data_ptr<float>();
   float* S = scores.data_ptr<float>();
   float* O = out.data_ptr<float>();
-  // Per row and KV head: own scores, the softmax over the visible prefix and own positions together
-  // (probabilities left in place of the prefix's scores, zeros where a row does not see), and the
-  // own positions' share of the output. The prefix's share is added below as one product.
+  // Per row and KV head (`attend_row` for each of its queries); the prefix's share of the output is
+  // added below as one product.
   at::parallel_for(0, kv * n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> own(std::max<int64_t>(span - shared, 1));
     for (int64_t u = begin; u < end; ++u) {
-      const int64_t h = u / n, i = u % n, p = pos[i];
-      const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-      const int64_t pre_lo = std::min(lo, shared), pre_hi = std::min(p + 1, shared);
-      const int64_t own_lo = std::max(lo, shared), own_n = p + 1 - own_lo;
+      const int64_t h = u / n, i = u % n;
       const float* keys = K + (i * kv + h) * cap * d;
       const float* values = V + (i * kv + h) * cap * d;
       for (int64_t g = 0; g < group; ++g) {
-        const int64_t r = i * group + g;
-        float* srow = S + (h * rows + r) * span;
-        float* own = srow + own_lo;
-        attend_row(Q + (h * rows + r) * d, srow, shared, pre_lo, pre_hi, keys + own_lo * d, values + own_lo * d,
-                   own_n, d, own, O + (h * rows + r) * d);
+        const int64_t r = (h * n + i) * group + g;
+        attend_row(Q + r * d, S + r * shared, shared, pos[i], window, keys, values, d, own.data(), O + r * d);
       }
     }
   });
-  if (shared > 0) out.baddbmm_(scores.narrow(2, 0, shared), v.select(0, 0).narrow(1, 0, shared));
+  if (shared > 0) out.baddbmm_(scores, v.select(0, 0).narrow(1, 0, shared));
   return out.view({kv, n, group, d}).permute({1, 0, 2, 3}).reshape({n, heads, d});
 }
 
@@ -318,27 +315,18 @@ at::Tensor cascade_prefill(const at::Tensor& q, const at::Tensor& k, const at::T
       const int64_t h = u / blocks, b = u % blocks;
       const int64_t t0 = b * kBlockTokens, t1 = std::min(tokens, t0 + kBlockTokens), rows = (t1 - t0) * group;
       float* Qb = qb.data_ptr<float>();
-      for (int64_t tt = t0; tt < t1; ++tt)
-        for (int64_t g = 0; g < group; ++g) {
-          const float* a = Qp + (tt * heads + h * group + g) * d;
-          float* dst = Qb + ((tt - t0) * group + g) * d;
-#pragma omp simd
-          for (int64_t x = 0; x < d; ++x) dst[x] = a[x] * s;
-        }
+      gather_head(Qp, heads, group, d, h, t0, t1, s, Qb);
       at::Tensor qv = qb.narrow(0, 0, rows), sv = sb.narrow(0, 0, rows), ov = ob.narrow(0, 0, rows);
       if (shared > 0) at::mm_out(sv, qv, k0.select(0, h).t());
       float* Sb = sb.data_ptr<float>();
       float* Ob = ob.data_ptr<float>();
       for (int64_t tt = t0; tt < t1; ++tt) {
-        const int64_t i = prompt_of[tt], p = position[tt], slot = first_slot + i;
-        const int64_t lo = window > 0 ? std::max<int64_t>(0, p - window + 1) : 0;
-        const int64_t pre_lo = std::min(lo, shared), pre_hi = std::min(p + 1, shared);
-        const int64_t own_lo = std::max(lo, shared), own_n = p + 1 - own_lo;
-        const float* keys = K + ((slot * kv + h) * cap + own_lo) * d;
-        const float* values = V + ((slot * kv + h) * cap + own_lo) * d;
+        const int64_t slot = first_slot + prompt_of[tt];
+        const float* keys = K + (slot * kv + h) * cap * d;
+        const float* values = V + (slot * kv + h) * cap * d;
         for (int64_t g = 0; g < group; ++g) {
           const int64_t r = (tt - t0) * group + g;
-          attend_row(Qb + r * d, Sb + r * shared, shared, pre_lo, pre_hi, keys, values, own_n, d, own.data(), Ob + r * d);
+          attend_row(Qb + r * d, Sb + r * shared, shared, position[tt], window, keys, values, d, own.data(), Ob + r * d);
         }
       }
       if (shared > 0) ov.addmm_(sv, v0.select(0, h));
