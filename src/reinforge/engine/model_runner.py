@@ -527,8 +527,9 @@ class SlotCacheRunner:
         arange = self._arange
         batch_masks = {w: padded_mask(arange, starts, lens, w) for w in windows} if padded else {}
         per_prompt = not (cascade or padded)
+        starts_t = torch.tensor(starts) if cascade else None  # the cascade kernel's prompt layout
+        lens_t = torch.tensor(lens) if cascade else None
         prompt_masks = {w: per_prompt_masks(arange, starts, lens, w) for w in windows} if per_prompt else {}
-        starts_t, lens_t = torch.tensor(starts), torch.tensor(lens)
         last = torch.tensor(list(itertools.accumulate(lens)), device=self.device) - 1
         final = len(self.layers) - 1
         for index, layer in enumerate(self.layers):
@@ -650,14 +651,11 @@ class SlotCacheRunner:
         """How many leading cached positions every slot `0..n-1` holds the same tokens at (with one
         adapter for all: another adapter's KV of the same tokens differs). Worked out when the batch
         changes; decode steps only append, so it stays a common prefix until then."""
-        if adapters and len(set(adapters)) > 1:
+        if not _one_adapter(adapters):
             return 0
         if self._shared is None:
-            first = self._tokens.get(0, [])
-            shared = len(first)
-            for slot in range(1, n):
-                shared = common_prefix(first, self._tokens.get(slot, []), shared)
-            self._shared = shared
+            seqs = [self._tokens.get(slot, []) for slot in range(n)]
+            self._shared = _shared_by_all(seqs, len(seqs[0]) if seqs else 0)
         return self._shared
 
     def _track(self, feeds: list[list[int]], positions: list[int]) -> None:
@@ -933,12 +931,22 @@ def _prefill_shared(prompts: list[list[int]], starts: list[int], adapters: list[
     """How many leading cached positions every prompt of a prefill holds the same tokens at (with one
     adapter for all): prefix reuse copied them into each prompt's slot, so attention can read them
     once for all (`cascade_prefill`). 0 for a lone prompt."""
-    if len(prompts) < 2 or (adapters and len(set(adapters)) > 1):
+    if len(prompts) < 2 or not _one_adapter(adapters):
         return 0
-    shared = min(starts)
-    first = prompts[0]
-    for prompt in prompts[1:]:
-        shared = common_prefix(first, prompt, shared)
+    return _shared_by_all(prompts, min(starts))
+
+
+def _one_adapter(adapters: list[str | None] | None) -> bool:
+    """Whether every row runs with the same adapter (or none): another adapter's keys and values of the
+    same tokens differ, so only then can a common prefix be read once for all."""
+    return not adapters or len(set(adapters)) == 1
+
+
+def _shared_by_all(seqs: list[list[int]], limit: int) -> int:
+    """The length of the prefix all of `seqs` start with, at most `limit`."""
+    shared = limit
+    for seq in seqs[1:]:
+        shared = common_prefix(seqs[0], seq, shared)
     return shared
 
 
