@@ -4,9 +4,9 @@ libgomp, the OpenMP runtime of PyTorch's Linux wheels, keeps a pool of worker th
 thread that has run a parallel region. While the pools together hold more threads than the process
 has CPUs, a waiting worker spins only briefly before it sleeps in the kernel, so every parallel region
 after that starts with a wake-up. The engine computes in its own thread; the thread that loaded the
-model (and started the engine) has a pool of its own from that work. On two cores that alone made a
-32-row decode step of SmolLM2 about a third slower than the same step on the loading thread
-(docs/engine.md, "One OpenMP team"). Freeing the starting thread's pool when the engine starts
+model (and started the engine) has a pool of its own from that work, which made the engine's decode
+steps markedly slower than the same steps on the loading thread (docs/engine.md, "One OpenMP team"
+has the figures). Freeing the starting thread's pool when the engine starts
 removes that cost; the pool comes back by itself the next time that thread runs a parallel region.
 """
 
