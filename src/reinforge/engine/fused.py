@@ -1,9 +1,11 @@
-"""Fused CPU kernels for the slot-cache runner (`fused_kernels.cpp`), compiled on first use.
+"""Fused CPU kernels for the slot-cache runner (`fused_kernels.cpp`, `panel_linear.cpp`), compiled on
+first use.
 
 At decode sizes (a few dozen rows) a layer's glue between its matrix products (cascade attention's
 per-row parts and joins, RoPE and the cache writes, residual adds and norms, SwiGLU's middle) costs
 more in eager calls than in arithmetic: docs/engine.md, "Fused CPU kernels". These kernels do that
-glue in a handful of calls; the matrix products stay with ATen.
+glue in a handful of calls. The projections run on weights packed in panels (`engine.linear`) on
+AVX2 and AVX-512 CPUs; attention's larger products stay with ATen.
 
 They are built with `torch.utils.cpp_extension` into the user cache (`~/.cache/reinforge/kernels`,
 `REINFORGE_KERNELS_DIR` elsewhere), once per source, torch version and instruction set, and loaded
@@ -28,7 +30,7 @@ import torch
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("fused_kernels.cpp")
+SOURCES = (Path(__file__).with_name("fused_kernels.cpp"), Path(__file__).with_name("panel_linear.cpp"))
 ENABLE_ENV = "REINFORGE_FUSED_KERNELS"
 DIR_ENV = "REINFORGE_KERNELS_DIR"
 
@@ -83,9 +85,8 @@ def _import(name: str, path: Path) -> ModuleType:
 def _build() -> ModuleType:
     tier, flags = instruction_set()
     cflags = ["-O3", "-fopenmp", *flags]
-    key = hashlib.sha256(
-        SOURCE.read_bytes() + torch.__version__.encode() + " ".join(cflags).encode()
-    ).hexdigest()[:12]
+    text = b"".join(source.read_bytes() for source in SOURCES)
+    key = hashlib.sha256(text + torch.__version__.encode() + " ".join(cflags).encode()).hexdigest()[:12]
     name = f"reinforge_fused_{tier}_{key}"
     folder = _build_dir(name)
     built = folder / f"{name}.so"
@@ -103,7 +104,7 @@ def _build() -> ModuleType:
         os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
     module: ModuleType = cpp_extension.load(
         name=name,
-        sources=[str(SOURCE)],
+        sources=[str(source) for source in SOURCES],
         extra_cflags=cflags,
         extra_ldflags=["-fopenmp"],  # libgomp: the one torch has loaded already (same soname)
         build_directory=str(folder),
@@ -127,6 +128,12 @@ def kernels() -> ModuleType | None:
             except Exception as exc:  # a missing compiler or ninja, a failed build: the eager path serves
                 _failure = _reason(exc)
                 log.warning("fused CPU kernels unavailable, using eager PyTorch (%s)", _failure)
+    return _loaded
+
+
+def loaded() -> ModuleType | None:
+    """The kernels if `kernels()` has loaded them, whatever the switch says now: what already packed
+    weights for them (`engine.linear`) keeps multiplying with."""
     return _loaded
 
 

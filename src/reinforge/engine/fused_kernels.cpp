@@ -1,9 +1,9 @@
 // Fused CPU kernels for the slot-cache runner's forward (reinforge.engine.fused loads them).
 //
 // Each replaces a run of small eager PyTorch calls whose cost at decode sizes (a few dozen rows) is
-// the calls themselves, not their arithmetic: docs/engine.md, "Fused CPU kernels". The matrix products
-// stay with ATen (MKL / oneDNN); only the glue between them is here. float32 only; the Python side
-// falls back to its eager path for anything else.
+// the calls themselves, not their arithmetic: docs/engine.md, "Fused CPU kernels". The projections are
+// panel_linear.cpp's (registered here, so both build as one library); attention's larger products stay
+// with ATen. float32 only; the Python side falls back to its eager path for anything else.
 
 #include <torch/extension.h>
 
@@ -473,10 +473,17 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
+namespace reinforge {  // panel_linear.cpp: the projections
+int64_t panel_width();
+at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& bias);
+}  // namespace reinforge
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("cascade_decode", &cascade_decode, "Cascade decode attention over a shared prefix");
   m.def("cascade_prefill", &cascade_prefill, "Prefill attention over a prefix the prompts share");
   m.def("rope_store", &rope_store, "RoPE (and per-head norms) on q/k, k/v written to the cache");
   m.def("add_rms_norm", &add_rms_norm, "Residual add, then RMSNorm");
   m.def("silu_mul", &silu_mul, "silu(gate) * up");
+  m.def("panel_width", &reinforge::panel_width, "Output columns per weight panel (0: no panel kernel here)");
+  m.def("panel_linear", &reinforge::panel_linear, "x @ W.T + b with W packed in panels");
 }

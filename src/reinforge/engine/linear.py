@@ -1,17 +1,24 @@
-"""The fast path's projections: weights pre-packed into oneDNN's blocked layout on CPU.
+"""The fast path's projections: weights packed once, when the runner reads them, into the layout its
+matmul kernel reads fastest.
 
-`F.linear` on a plain `[out, in]` weight hands the matrix to the BLAS transposed at every call; a
-decode step multiplies a few dozen rows by every weight of the model, so that per-call repacking is
-paid on the whole model each step. Packing each weight once (when the runner reads the weights) into
-the layout oneDNN's kernels read, and multiplying with `torch.ops.mkldnn._linear_pointwise` (what
-`torch.compile`'s freezing does on CPU), skips it (docs/engine.md, "Packed weights"). Elsewhere (a
-GPU, a dtype or build without oneDNN) weights stay plain and `F.linear` runs.
+A decode step multiplies a few dozen rows by every weight of the model. `F.linear` on a plain
+`[out, in]` weight hands the matrix to the BLAS transposed at every call, so it repacks the whole
+model each step. On a CPU with AVX2 or AVX-512 and the fused kernels built (`engine.fused`), weights
+are stored in panels of output columns for `panel_linear.cpp`, which runs both a decode's few rows
+and a prefill's many faster than oneDNN (docs/engine.md, "Panel projections"). Elsewhere on the CPU
+they go to oneDNN's blocked layout, multiplied by `torch.ops.mkldnn._linear_pointwise` (what
+`torch.compile`'s freezing does; docs/engine.md, "Packed weights"). On a GPU, or in a dtype or
+build without either, weights stay plain and `F.linear` runs.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
+
+from reinforge.engine import fused
 
 _PACKABLE = (torch.float32,)
 _ROWS_HINT = 32
@@ -30,17 +37,41 @@ def _can_pack(weight: torch.Tensor) -> bool:
     )
 
 
+def _panel_kernels(weight: torch.Tensor) -> Any:
+    """The compiled kernels where they can multiply `weight` in panels, else None."""
+    if weight.dim() != 2 or not fused.usable(weight):
+        return None
+    kernels = fused.kernels()
+    if kernels is None:
+        return None
+    width = int(kernels.panel_width())
+    return kernels if width and weight.shape[0] % width == 0 else None
+
+
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """`weight` (`[out, in]`) in the layout `linear` multiplies fastest: a copy where packed, so it
-    must be packed again after the weight changes."""
+    must be packed again after the weight changes. Panels are `[out / width, in, width]`."""
     weight = weight.detach()
+    kernels = _panel_kernels(weight)
+    if kernels is not None:
+        out, inner = weight.shape
+        width = int(kernels.panel_width())
+        return weight.reshape(out // width, width, inner).transpose(1, 2).contiguous()
     if not _can_pack(weight):
         return weight
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _ROWS_HINT)
 
 
+def out_features(weight: torch.Tensor) -> int:
+    """The output width of a plain, oneDNN-packed or panel-packed weight."""
+    return int(weight.shape[0] * weight.shape[2]) if weight.dim() == 3 else int(weight.shape[0])
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` for a plain or a packed `weight`."""
+    """`F.linear(x, weight, bias)` for a plain or a packed `weight` (`x` is `[rows, in]`)."""
+    if weight.dim() == 3:  # panels exist only where the kernels were loaded
+        kernels: Any = fused.loaded()
+        return kernels.panel_linear(x, weight, bias)
     if weight.is_mkldnn:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)

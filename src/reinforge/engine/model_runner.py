@@ -45,10 +45,11 @@ from reinforge.engine.attention import (
     per_prompt_masks,
     visible,
 )
+from reinforge.engine.cache_memory import zeroed
 from reinforge.engine.errors import UnsupportedArchitectureError
 from reinforge.engine.fused import kernels as fused_kernels
 from reinforge.engine.fused import usable as fused_usable
-from reinforge.engine.linear import linear, pack_weight
+from reinforge.engine.linear import linear, out_features, pack_weight
 from reinforge.engine.prefix_reuse import common_prefix
 
 # The cost of one more attention call, in cached positions read: splitting a decode batch into
@@ -342,9 +343,9 @@ class SlotCacheRunner:
     ) -> _LayerLora:
         layer = self.layers[index]
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        inter = layer.gate_up_w.shape[0] // 2
-        outs = {"qkv": [h * d, kv * d, kv * d], "o": [layer.o_w.shape[0]], "gate_up": [inter, inter]}
-        outs["down"] = [layer.down_w.shape[0]]
+        inter = out_features(layer.gate_up_w) // 2
+        outs = {"qkv": [h * d, kv * d, kv * d], "o": [out_features(layer.o_w)], "gate_up": [inter, inter]}
+        outs["down"] = [out_features(layer.down_w)]
         fused: dict[str, tuple[torch.Tensor, torch.Tensor] | None] = {}
         for kind, sizes in outs.items():
             pieces = found.get(kind)
@@ -410,8 +411,8 @@ class SlotCacheRunner:
         grown = -(-length // 64) * 64 if exact else _next_pow2(max(length, 64))
         new_len = min(self.max_seq_len, max(self._len_cap, grown))
         shape = (len(self.layers), new_slots, self.num_kv_heads, new_len, self.head_dim)
-        k = torch.zeros(shape, device=self.device, dtype=self.dtype)
-        v = torch.zeros(shape, device=self.device, dtype=self.dtype)
+        k = zeroed(shape, self.device, self.dtype)
+        v = zeroed(shape, self.device, self.dtype)
         if self._slot_cap:
             k[:, : self._slot_cap, :, : self._len_cap] = self._k
             v[:, : self._slot_cap, :, : self._len_cap] = self._v
