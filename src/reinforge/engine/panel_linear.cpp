@@ -32,26 +32,23 @@ namespace reinforge {
 namespace {
 
 #if defined(CPU_CAPABILITY_AVX512)
+#define REINFORGE_VEC(op) _mm512_##op
 using vf = __m512;
 constexpr int64_t V = 16;
 constexpr int MR = 12;  // 24 accumulators + 2 panel registers + 1 broadcast of 32
-inline vf vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, vf v) { _mm512_storeu_ps(p, v); }
-inline vf vset1(float x) { return _mm512_set1_ps(x); }
-inline vf vfma(vf a, vf b, vf c) { return _mm512_fmadd_ps(a, b, c); }
-inline vf vadd(vf a, vf b) { return _mm512_add_ps(a, b); }
-inline vf vzero() { return _mm512_setzero_ps(); }
 #else
+#define REINFORGE_VEC(op) _mm256_##op
 using vf = __m256;
 constexpr int64_t V = 8;
 constexpr int MR = 6;  // 12 accumulators + 2 panel registers + 1 broadcast of 16
-inline vf vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, vf v) { _mm256_storeu_ps(p, v); }
-inline vf vset1(float x) { return _mm256_set1_ps(x); }
-inline vf vfma(vf a, vf b, vf c) { return _mm256_fmadd_ps(a, b, c); }
-inline vf vadd(vf a, vf b) { return _mm256_add_ps(a, b); }
-inline vf vzero() { return _mm256_setzero_ps(); }
 #endif
+inline vf vload(const float* p) { return REINFORGE_VEC(loadu_ps)(p); }
+inline void vstore(float* p, vf v) { REINFORGE_VEC(storeu_ps)(p, v); }
+inline vf vset1(float x) { return REINFORGE_VEC(set1_ps)(x); }
+inline vf vfma(vf a, vf b, vf c) { return REINFORGE_VEC(fmadd_ps)(a, b, c); }
+inline vf vadd(vf a, vf b) { return REINFORGE_VEC(add_ps)(a, b); }
+inline vf vzero() { return REINFORGE_VEC(setzero_ps)(); }
+#undef REINFORGE_VEC
 
 constexpr int64_t NR = 2 * V;
 // Rows a thread runs through all of its panels before the next block: a block of a prefill's rows
