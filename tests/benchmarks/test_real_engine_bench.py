@@ -49,6 +49,8 @@ def test_cpu_real_engine_bench_smoke_run(tiny_folder: Path) -> None:
     lines = _run("real_engine_bench.py", tiny_folder)
     assert _result(lines, "real_engine_speedup_vs_hf_generate_c4") > 0
     assert 0 <= _result(lines, "real_engine_peak_fraction") < 1  # a tiny model is far from its bound
+    peak = next(line for line in lines if line.startswith("fp32 matmul here:"))
+    assert "before the engine's run" in peak and ", after " in peak  # the bound from the higher of two
     assert "greedy outputs identical to HF's: 4/4" in lines  # float32: token for token
     requests = next(line for line in lines if line.startswith("requests:"))
     assert "4 concurrent" in requests and "5 generated tokens each" in requests
