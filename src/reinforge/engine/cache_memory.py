@@ -22,7 +22,7 @@ _MIN_BYTES = 1 << 20
 
 def zeroed(shape: tuple[int, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     """A zero tensor of `shape`; on the CPU, large ones from a fresh anonymous mapping."""
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     if device.type != "cpu" or nbytes < _MIN_BYTES or not hasattr(mmap, "MAP_PRIVATE"):
         return torch.zeros(shape, device=device, dtype=dtype)
     memory = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)

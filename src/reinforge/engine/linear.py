@@ -37,25 +37,22 @@ def _can_pack(weight: torch.Tensor) -> bool:
     )
 
 
-def _panel_kernels(weight: torch.Tensor) -> Any:
-    """The compiled kernels where they can multiply `weight` in panels, else None."""
+def _panel_width(weight: torch.Tensor) -> int:
+    """The panel width the compiled kernels would pack `weight` in, or 0 where they cannot take it."""
     if weight.dim() != 2 or not fused.usable(weight):
-        return None
+        return 0
     kernels = fused.kernels()
-    if kernels is None:
-        return None
-    width = int(kernels.panel_width())
-    return kernels if width and weight.shape[0] % width == 0 else None
+    width = int(kernels.panel_width()) if kernels is not None else 0
+    return width if width and weight.shape[0] % width == 0 else 0
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     """`weight` (`[out, in]`) in the layout `linear` multiplies fastest: a copy where packed, so it
     must be packed again after the weight changes. Panels are `[out / width, in, width]`."""
     weight = weight.detach()
-    kernels = _panel_kernels(weight)
-    if kernels is not None:
+    width = _panel_width(weight)
+    if width:
         out, inner = weight.shape
-        width = int(kernels.panel_width())
         return weight.reshape(out // width, width, inner).transpose(1, 2).contiguous()
     if not _can_pack(weight):
         return weight
