@@ -295,8 +295,8 @@ def main(argv: list[str] | None = None, **defaults: Any) -> None:
     before = matmul_peak(args.device, torch.float32)
     ours, stats = run_engine(model, tokenizer, prompts, args.new_tokens, args.device, args.speculative_ngram)
     # Measured on both sides of the engine's run and the higher kept: one second of a busy neighbour
-    # on the second core halves a single measurement (seen once: 91 against 184 GFLOP/s), which would
-    # halve the bound and double the fraction.
+    # on the second core halves a single measurement, which would halve the bound and double the
+    # fraction (docs/engine.md, "A real model").
     after = matmul_peak(args.device, torch.float32)
     peak = max(before, after)
     bound = peak / (2 * params)
