@@ -50,8 +50,26 @@ def test_cascade_decode_matches_the_eager_cascade(window: int | None, heads: int
     scale = 1 / math.sqrt(d)
     bias = additive(visible(torch.arange(span), pos, window))[:, None, None]
     expected = cascade_decode(q, k, v, shared, span, bias, scale)
-    got = KERNELS.cascade_decode(q, k, v, shared, pos, window or 0, scale)
+    got = KERNELS.cascade_decode(q, k, v, shared, pos, window or 0, scale, 0)
     assert got.shape == (n, heads, d)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_cascade_decode_reads_the_prefix_from_the_slot_named(window: int | None) -> None:
+    # The runner defers prefix copies: the rows' own slots hold garbage below the shared prefix, and
+    # the prefix is read from another slot (here 5, past the rows), by both cascades alike.
+    n, heads, kv, d, cap, shared = 4, 6, 2, 16, 48, 18
+    k, v = _cache(6, kv, cap, d, shared, seed=4)
+    expected_k, expected_v = k.clone(), v.clone()
+    k[:n, :, :shared], v[:n, :, :shared] = 1e4, -1e4
+    q = torch.randn(n, heads, d, generator=torch.Generator().manual_seed(6))
+    pos = torch.tensor([20, 18, 30, 25])
+    span = 31
+    bias = additive(visible(torch.arange(span), pos, window))[:, None, None]
+    expected = cascade_decode(q, expected_k, expected_v, shared, span, bias, 0.25)
+    torch.testing.assert_close(cascade_decode(q, k, v, shared, span, bias, 0.25, 5), expected)
+    got = KERNELS.cascade_decode(q, k, v, shared, pos, window or 0, 0.25, 5)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
@@ -60,7 +78,7 @@ def test_cascade_decode_without_a_prefix_is_plain_attention() -> None:
     k, v = _cache(n, kv, 32, d, 0, seed=5)
     q = torch.randn(n, heads, d)
     positions = [4, 9, 17]
-    got = KERNELS.cascade_decode(q, k, v, 0, torch.tensor(positions), 0, 0.5)
+    got = KERNELS.cascade_decode(q, k, v, 0, torch.tensor(positions), 0, 0.5, 0)
     for i, p in enumerate(positions):
         ref = F.scaled_dot_product_attention(
             q[i, :, None][None], k[i, :, : p + 1][None], v[i, :, : p + 1][None], enable_gqa=True, scale=0.5
@@ -74,9 +92,14 @@ def test_cascade_prefill_matches_attention_per_prompt(window: int | None) -> Non
     k, v = _cache(5, kv, cap, d, shared, seed=8)
     first_slot, starts, lens = 1, [21, 25, 30], [7, 1, 12]  # prompt 1: 4 cached positions of its own
     q = torch.randn(sum(lens), heads, d, generator=torch.Generator().manual_seed(2))
+    # The prompts' slots hold garbage below the shared prefix: it is read from slot 0 only (the
+    # runner defers the copies there).
+    prefix_k, prefix_v = k[0, :, :shared].clone(), v[0, :, :shared].clone()
+    k[first_slot:, :, :shared], v[first_slot:, :, :shared] = 1e4, -1e4
     got = KERNELS.cascade_prefill(
-        q, k, v, first_slot, torch.tensor(starts), torch.tensor(lens), shared, window or 0, 0.3
+        q, k, v, first_slot, torch.tensor(starts), torch.tensor(lens), shared, window or 0, 0.3, 0
     )
+    k[first_slot:, :, :shared], v[first_slot:, :, :shared] = prefix_k, prefix_v
     offset = 0
     for i, (c, n) in enumerate(zip(starts, lens, strict=True)):
         mask = visible(torch.arange(c + n), c + torch.arange(n), window)
@@ -96,7 +119,11 @@ def test_cascade_prefill_refuses_a_prefix_past_a_prompts_start() -> None:
     k, v = _cache(2, 1, 16, 4, 0, seed=1)
     with pytest.raises(RuntimeError, match="shared prefix past its start"):
         KERNELS.cascade_prefill(
-            torch.zeros(2, 1, 4), k, v, 0, torch.tensor([3, 5]), torch.tensor([1, 1]), 4, 0, 1.0
+            torch.zeros(2, 1, 4), k, v, 0, torch.tensor([3, 5]), torch.tensor([1, 1]), 4, 0, 1.0, 0
+        )
+    with pytest.raises(RuntimeError, match="prefix slot 2 is outside the cache"):
+        KERNELS.cascade_prefill(
+            torch.zeros(2, 1, 4), k, v, 0, torch.tensor([3, 5]), torch.tensor([1, 1]), 2, 0, 1.0, 2
         )
 
 
@@ -149,12 +176,14 @@ def test_bad_input_is_refused_with_a_message() -> None:
     k, v = _cache(2, 1, 8, 4, 0, seed=1)
     with pytest.raises(RuntimeError, match="float32"):
         KERNELS.cascade_decode(
-            torch.zeros(2, 1, 4, dtype=torch.float64), k, v, 0, torch.tensor([1, 2]), 0, 1.0
+            torch.zeros(2, 1, 4, dtype=torch.float64), k, v, 0, torch.tensor([1, 2]), 0, 1.0, 0
         )
     with pytest.raises(RuntimeError, match="outside the cache"):
-        KERNELS.cascade_decode(torch.zeros(2, 1, 4), k, v, 0, torch.tensor([1, 8]), 0, 1.0)
+        KERNELS.cascade_decode(torch.zeros(2, 1, 4), k, v, 0, torch.tensor([1, 8]), 0, 1.0, 0)
+    with pytest.raises(RuntimeError, match="prefix slot -1 is outside the cache"):
+        KERNELS.cascade_decode(torch.zeros(2, 1, 4), k, v, 1, torch.tensor([1, 2]), 0, 1.0, -1)
     with pytest.raises(RuntimeError, match="one entry per row"):
-        KERNELS.cascade_decode(torch.zeros(2, 1, 4), k, v, 0, torch.tensor([1]), 0, 1.0)
+        KERNELS.cascade_decode(torch.zeros(2, 1, 4), k, v, 0, torch.tensor([1]), 0, 1.0, 0)
     with pytest.raises(RuntimeError, match="outside the cache"):
         table = torch.zeros(8, 4)
         KERNELS.rope_store(

@@ -53,13 +53,14 @@ def cascade_decode(
     span: int,
     bias: torch.Tensor,
     scale: float,
+    prefix_slot: int = 0,
 ) -> torch.Tensor:
     """One decode step's attention for rows `0..n-1` whose first `shared` cached positions hold the same
-    keys and values (read from slot 0 only). `q`: `[n, heads, head_dim]`; `k`, `v`: one layer's cache
-    `[slots, kv_heads, capacity, head_dim]`; `bias`: `[n, 1, 1, span]` additive mask (0 or -inf)
+    keys and values (read once, from `prefix_slot`). `q`: `[n, heads, head_dim]`; `k`, `v`: one layer's
+    cache `[slots, kv_heads, capacity, head_dim]`; `bias`: `[n, 1, 1, span]` additive mask (0 or -inf)
     over positions `0..span-1`. Returns `[n, heads, head_dim]`."""
     n = q.shape[0]
-    return cascade_attention(q[:, None], k, v, shared, span, bias.view(n, 1, -1), scale)[:, 0]
+    return cascade_attention(q[:, None], k, v, shared, span, bias.view(n, 1, -1), scale, prefix_slot)[:, 0]
 
 
 def cascade_attention(
@@ -70,6 +71,7 @@ def cascade_attention(
     span: int,
     bias: torch.Tensor,
     scale: float,
+    prefix_slot: int = 0,
 ) -> torch.Tensor:
     """Cascade attention for `width` queries per slot (a decode step: one; a speculative verify: the
     next token and its drafts). `q`: `[n, width, heads, head_dim]`; `k`, `v` as in `cascade_decode`;
@@ -82,14 +84,18 @@ def cascade_attention(
     # Scores are laid out [kv_heads, rows, width * group, span]: the shared part is then one matrix per KV
     # head that needs no transposing, on the way in or out.
     stacked = rows.transpose(0, 1).reshape(kv, n * width * group, dim)
-    prefix_scores = torch.matmul(stacked, k[0, :, :shared].transpose(1, 2)).view(kv, n, width * group, shared)
+    prefix_scores = torch.matmul(stacked, k[prefix_slot, :, :shared].transpose(1, 2)).view(
+        kv, n, width * group, shared
+    )
     own_scores = torch.matmul(rows, k[:n, :, shared:span].transpose(2, 3)).transpose(0, 1)
     scores = torch.cat([prefix_scores, own_scores], dim=-1).float()
     scores.view(kv, n, width, group, span).add_(bias[:, :, None])
     probs = torch.softmax(scores, dim=-1).to(q.dtype)
     out = torch.matmul(probs[..., shared:].transpose(0, 1), v[:n, :, shared:span])
     prefix_probs = probs[..., :shared].reshape(kv, n * width * group, shared)
-    out += torch.matmul(prefix_probs, v[0, :, :shared]).view(kv, n, width * group, dim).transpose(0, 1)
+    out += (
+        torch.matmul(prefix_probs, v[prefix_slot, :, :shared]).view(kv, n, width * group, dim).transpose(0, 1)
+    )
     return out.view(n, kv, width, group, dim).transpose(1, 2).reshape(n, width, heads, dim)
 
 

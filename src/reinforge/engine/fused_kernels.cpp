@@ -206,14 +206,15 @@ void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }  // namespace
 
 // Cascade decode attention for rows 0..n-1 (row i is cache slot i at position positions[i]), whose
-// first `shared` cached positions hold the same keys and values in every slot and are read from slot
-// 0 only. q: [n, heads, d]; k, v: one layer's cache [slots, kv_heads, capacity, d]; window: a sliding
-// window's width (0: none). Returns [n, heads, d].
+// first `shared` cached positions hold the same keys and values for every row and are read from slot
+// `prefix_slot` only (the rows' own slots need not hold them: the runner defers those copies). q:
+// [n, heads, d]; k, v: one layer's cache [slots, kv_heads, capacity, d]; window: a sliding window's
+// width (0: none). Returns [n, heads, d].
 //
 // The shared part is two batched matrix products over all rows at once (ATen); each row's own
 // positions, the masks and the joint softmax are one pass here, per row and KV head.
 at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t shared,
-                          const at::Tensor& positions, int64_t window, double scale) {
+                          const at::Tensor& positions, int64_t window, double scale, int64_t prefix_slot) {
   check_attention(q, k, v);
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t kv = k.size(1), cap = k.size(2);
@@ -227,6 +228,7 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
     span = std::max(span, pos[i] + 1);
   }
   TORCH_CHECK(shared >= 0 && shared <= span, "shared prefix longer than the span");
+  TORCH_CHECK(prefix_slot >= 0 && prefix_slot < k.size(0), "prefix slot ", prefix_slot, " is outside the cache");
 
   // The queries of one KV head as one matrix, scaled: [kv, n * group, d].
   at::Tensor qs = at::empty({kv, rows, d}, q.options());
@@ -234,7 +236,7 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
     gather_head(q.data_ptr<float>(), heads, group, d, h, 0, n, static_cast<float>(scale), qs.data_ptr<float>() + h * rows * d);
   // The prefix's scores [kv, rows, shared] from one product; each row's own in a scratch of its thread.
   at::Tensor scores = at::empty({kv, rows, shared}, q.options());
-  if (shared > 0) at::bmm_out(scores, qs, k.select(0, 0).narrow(1, 0, shared).transpose(1, 2));
+  if (shared > 0) at::bmm_out(scores, qs, k.select(0, prefix_slot).narrow(1, 0, shared).transpose(1, 2));
   at::Tensor out = at::empty({kv, rows, d}, q.options());
   const float* K = k.data_ptr<float>();
   const float* V = v.data_ptr<float>();
@@ -255,14 +257,14 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
       }
     }
   });
-  if (shared > 0) out.baddbmm_(scores, v.select(0, 0).narrow(1, 0, shared));
+  if (shared > 0) out.baddbmm_(scores, v.select(0, prefix_slot).narrow(1, 0, shared));
   return out.view({kv, n, group, d}).permute({1, 0, 2, 3}).reshape({n, heads, d});
 }
 
-// Prefill attention for prompts that share a cached prefix (prefix reuse copied it into each of
-// their slots): prompt i's lens[i] new tokens sit at positions starts[i].. in slot first_slot + i,
-// already written to the cache, and the first `shared` positions (shared <= every start) are the same
-// in all these slots, read from slot first_slot. q: [tokens, heads, d] packed prompt after prompt.
+// Prefill attention for prompts that share a cached prefix (prefix reuse gave it to each of them):
+// prompt i's lens[i] new tokens sit at positions starts[i].. in slot first_slot + i, already written
+// to the cache, and the first `shared` positions (shared <= every start) are the same for all these
+// prompts, read from slot prefix_slot only. q: [tokens, heads, d] packed prompt after prompt.
 // Returns [tokens, heads, d].
 //
 // SDPA would read the shared keys once per prompt and pad the prompts to one length; here blocks of
@@ -271,7 +273,7 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
 // prompt's tokens after the prefix, causal) are joined to them in one softmax.
 at::Tensor cascade_prefill(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t first_slot,
                            const at::Tensor& starts, const at::Tensor& lens, int64_t shared, int64_t window,
-                           double scale) {
+                           double scale, int64_t prefix_slot) {
   check_attention(q, k, v);
   const int64_t tokens = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t kv = k.size(1), cap = k.size(2);
@@ -279,6 +281,7 @@ at::Tensor cascade_prefill(const at::Tensor& q, const at::Tensor& k, const at::T
   check_index(starts, m, "starts");
   check_index(lens, m, "lens");
   TORCH_CHECK(first_slot >= 0 && first_slot + m <= k.size(0), "the prompts' slots are outside the cache");
+  TORCH_CHECK(prefix_slot >= 0 && prefix_slot < k.size(0), "prefix slot ", prefix_slot, " is outside the cache");
   const int64_t* st = starts.data_ptr<int64_t>();
   const int64_t* ln = lens.data_ptr<int64_t>();
   // Each token's prompt and position.
@@ -303,8 +306,8 @@ at::Tensor cascade_prefill(const at::Tensor& q, const at::Tensor& k, const at::T
   const float* V = v.data_ptr<float>();
   float* O = out.data_ptr<float>();
   const float s = static_cast<float>(scale);
-  at::Tensor k0 = k.select(0, first_slot).narrow(1, 0, shared);  // [kv, shared, d]
-  at::Tensor v0 = v.select(0, first_slot).narrow(1, 0, shared);
+  at::Tensor k0 = k.select(0, prefix_slot).narrow(1, 0, shared);  // [kv, shared, d]
+  at::Tensor v0 = v.select(0, prefix_slot).narrow(1, 0, shared);
   at::parallel_for(0, kv * blocks, 1, [&](int64_t begin, int64_t end) {
     const int64_t rows_max = kBlockTokens * group;
     at::Tensor qb = at::empty({rows_max, d}, q.options());

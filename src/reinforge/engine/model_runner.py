@@ -46,6 +46,7 @@ from reinforge.engine.attention import (
     visible,
 )
 from reinforge.engine.cache_memory import zeroed
+from reinforge.engine.deferred_copies import DeferredCopies, RangeCopy
 from reinforge.engine.errors import UnsupportedArchitectureError
 from reinforge.engine.fused import kernels as fused_kernels
 from reinforge.engine.fused import usable as fused_usable
@@ -254,6 +255,7 @@ class SlotCacheRunner:
         self._bucket_plan: list[tuple[int, int, int]] = []
         self._tokens: dict[int, list[int]] = {}  # slot -> the tokens whose KV it holds
         self._shared: int | None = None  # cached positions every running slot shares (None: unknown)
+        self._deferred = DeferredCopies()  # prefix copies recorded, made only when needed
         self._adapters: dict[str, list[_LayerLora]] = {}
         self._groups: _Groups = []
         self._group_key: tuple[str | None, ...] = ()
@@ -319,6 +321,7 @@ class SlotCacheRunner:
         self._v = torch.empty(0, device=self.device, dtype=self.dtype)
         self._slot_cap = self._len_cap = 0
         self._tokens.clear()
+        self._deferred.clear()
         self._shared = None
 
     def slot_capacity(self) -> int:
@@ -528,6 +531,15 @@ class SlotCacheRunner:
         arange = self._arange
         batch_masks = {w: padded_mask(arange, starts, lens, w) for w in windows} if padded else {}
         per_prompt = not (cascade or padded)
+        prefix_slot = first_slot
+        if self._deferred:
+            prefix_slot, copies = self._deferred.settle(
+                {first_slot + i: c for i, c in enumerate(starts)},
+                range(first_slot, first_slot + m),
+                shared if cascade else 0,
+                first_slot,
+            )
+            _copy_ranges(self._k, self._v, copies)
         starts_t = torch.tensor(starts) if cascade else None  # the cascade kernel's prompt layout
         lens_t = torch.tensor(lens) if cascade else None
         prompt_masks = {w: per_prompt_masks(arange, starts, lens, w) for w in windows} if per_prompt else {}
@@ -539,7 +551,7 @@ class SlotCacheRunner:
             if cascade:
                 attn = fused.cascade_prefill(
                     q, self._k[index], self._v[index], first_slot, starts_t, lens_t, shared, window or 0,
-                    self.arch.attn_scale,
+                    self.arch.attn_scale, prefix_slot,
                 )  # fmt: skip
             elif padded:
                 mask = batch_masks[window]
@@ -692,6 +704,12 @@ class SlotCacheRunner:
         span = max(positions) + 1
         shared = min(self._shared_prefix(n, adapters), span - 1) if n > 1 else 0
         cascade = shared >= _CASCADE_MIN_SHARED
+        prefix_slot = 0
+        if self._deferred:  # the copies this step's writes and own-slot reads need made first
+            prefix_slot, copies = self._deferred.settle(
+                dict(enumerate(positions)), range(n), shared if cascade else 0, 0
+            )
+            _copy_ranges(self._k, self._v, copies)
         windows = dict.fromkeys(self.windows)
         fused = self._fused
         biases: dict[int | None, torch.Tensor] = {}
@@ -712,10 +730,12 @@ class SlotCacheRunner:
             window = self.windows[index]
             if cascade and fused is not None:
                 attn = fused.cascade_decode(
-                    q, k_cache, v_cache, shared, pos, window or 0, self.arch.attn_scale
+                    q, k_cache, v_cache, shared, pos, window or 0, self.arch.attn_scale, prefix_slot
                 )
             elif cascade:
-                attn = cascade_decode(q, k_cache, v_cache, shared, span, biases[window], self.arch.attn_scale)
+                attn = cascade_decode(
+                    q, k_cache, v_cache, shared, span, biases[window], self.arch.attn_scale, prefix_slot
+                )
             else:
                 q = q[:, :, None]
                 attn = torch.empty(n, h, 1, self.head_dim, device=self.device, dtype=self.dtype)
@@ -755,6 +775,12 @@ class SlotCacheRunner:
         h, width = self.num_heads, max(lens)
         shared = min(self._shared_prefix(n, adapters), span - 1) if n > 1 else 0
         cascade = shared >= _CASCADE_MIN_SHARED
+        prefix_slot = 0
+        if self._deferred:
+            prefix_slot, copies = self._deferred.settle(
+                dict(enumerate(positions)), range(n), shared if cascade else 0, 0
+            )
+            _copy_ranges(self._k, self._v, copies)
         windows = dict.fromkeys(self.windows)
         arange = self._arange
         masks = {w: padded_mask(arange, positions, lens, w) for w in windows}
@@ -777,6 +803,7 @@ class SlotCacheRunner:
                     span,
                     biases[window],
                     self.arch.attn_scale,
+                    prefix_slot,
                 )
                 attn = out.reshape(n * width, h, -1).index_select(0, pad)
             else:
@@ -784,12 +811,8 @@ class SlotCacheRunner:
             x, hidden = self._after_attention(index, layer, x, attn.reshape(len(flat), -1))
         return self._logits(hidden)
 
-    @torch.inference_mode()
     def move(self, src: int, dst: int, length: int) -> None:
-        if length:
-            self._ensure_capacity(max(src, dst) + 1, length)
-            self._k[:, dst, :, :length] = self._k[:, src, :, :length]
-            self._v[:, dst, :, :length] = self._v[:, src, :, :length]
+        self.move_many([(src, dst, length)])
         self._tokens[dst] = self._tokens.get(src, [])[:length]
         self._shared = None
 
@@ -799,22 +822,24 @@ class SlotCacheRunner:
         if not moves:
             return
         self._ensure_capacity(max(max(s, d) for s, d, _ in moves) + 1, max(n for _, _, n in moves))
-        # Slot to slot in place: a gathered copy (`k[:, targets] = k[:, sources]`) would stage every
-        # moved cache in a fresh buffer first, as large as the copies themselves (docs/engine.md,
-        # "Moving caches"). Only a source that is also written here is read from a copy of its own.
-        written = {dst for _, dst, _ in moves}
+        # Most copies are only recorded (`DeferredCopies`: attention that reads a shared prefix once
+        # never reads them); the rest go slot to slot in place. A gathered copy (`k[:, targets] =
+        # k[:, sources]`) would stage every moved cache in a fresh buffer first (docs/engine.md,
+        # "Moving caches"): only a source that this call also writes is read from a copy of its own.
+        before, now, after = self._deferred.plan_moves(moves)
+        _copy_ranges(self._k, self._v, before)
         longest: dict[int, int] = {}
-        for src, _, n in moves:
-            if src in written:
-                longest[src] = max(n, longest.get(src, 0))
+        for src, _, n in now:
+            longest[src] = max(n, longest.get(src, 0))
         staged = {
             src: (self._k[:, src, :, :n].clone(), self._v[:, src, :, :n].clone())
             for src, n in longest.items()
         }
-        for src, dst, n in moves:
-            k_src, v_src = staged.get(src) or (self._k[:, src], self._v[:, src])
+        for src, dst, n in now:
+            k_src, v_src = staged[src]
             self._k[:, dst, :, :n] = k_src[:, :, :n]
             self._v[:, dst, :, :n] = v_src[:, :, :n]
+        _copy_ranges(self._k, self._v, after)
         copies = [(dst, self._tokens.get(src, [])[:n]) for src, dst, n in moves]
         for dst, copied in copies:
             self._tokens[dst] = copied
@@ -949,6 +974,13 @@ def _shared_by_all(seqs: list[list[int]], limit: int) -> int:
     for seq in seqs[1:]:
         shared = common_prefix(seqs[0], seq, shared)
     return shared
+
+
+def _copy_ranges(k: torch.Tensor, v: torch.Tensor, copies: list[RangeCopy]) -> None:
+    """Make copies between slots of every layer's cache: `(from, to, first position, end)` each."""
+    for src, dst, start, end in copies:
+        k[:, dst, :, start:end] = k[:, src, :, start:end]
+        v[:, dst, :, start:end] = v[:, src, :, start:end]
 
 
 def _cache_rows(slots: torch.Tensor, pos: torch.Tensor, kv_heads: int, capacity: int) -> torch.Tensor:
