@@ -14,9 +14,10 @@ Capacity grows by doubling along both axes, so memory follows the live batch, bo
 Two runners share one interface:
 - `SlotCacheRunner`: the fast path for the families in `reinforge.engine.architectures` (llama,
   mistral, qwen2, qwen3, gemma3): it runs the model's own weights with fused q/k/v and gate/up
-  projections (packed once into oneDNN's layout on CPU, `engine.linear`), one forward per decode step
-  for all active sequences; when the running sequences
-  share a prefix, decode attention reads it once for all of them (`attention.cascade_decode`).
+  projections (packed once for the panel kernel or oneDNN on CPU, `engine.linear`), one forward per
+  decode step for all active sequences; when the running sequences share a prefix, decode attention
+  reads it once for all of them (`attention.cascade_decode`), and the copies of it that prefix reuse
+  asks for are deferred until something reads or overwrites them (`engine.deferred_copies`).
   It also serves named LoRA adapters: each row (a decode slot, or a prompt's tokens in a prefill)
   names its adapter, the rows of one adapter are gathered and get that adapter's
   low-rank delta added to each projection, and rows with no adapter get none.
