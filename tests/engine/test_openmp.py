@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(_libgomp() is None, reason="this torch does not 
 
 CHILD = textwrap.dedent(
     """
-    import os, torch
+    import os, time, torch
     from reinforge.engine.openmp import release_openmp_workers
     torch.set_num_threads(2)
     tasks = lambda: len(os.listdir("/proc/self/task"))
@@ -24,6 +24,10 @@ CHILD = textwrap.dedent(
     a @ a  # a parallel region: this thread's pool gets its worker
     grown = tasks()
     released = release_openmp_workers()
+    # The worker leaves on its own schedule (on a loaded machine, some milliseconds later).
+    deadline = time.monotonic() + 10
+    while tasks() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
     after = tasks()
     a @ a  # and it comes back when the thread computes again
     print(before, grown, released, after, tasks())
@@ -44,7 +48,7 @@ def test_the_calling_threads_workers_are_freed_and_come_back() -> None:
 
 ENGINE_CHILD = textwrap.dedent(
     """
-    import os, torch
+    import os, time, torch
     from reinforge.engine import Engine
     from reinforge.models import build_tokenizer, tiny_llama
     torch.set_num_threads(2)
@@ -55,6 +59,9 @@ ENGINE_CHILD = textwrap.dedent(
     tasks = lambda: len(os.listdir("/proc/self/task"))
     before = tasks()
     engine = Engine(model, tok, max_batch_size=2, max_seq_len=64).start()
+    deadline = time.monotonic() + 10  # the freed worker leaves on its own schedule
+    while tasks() > before and time.monotonic() < deadline:
+        time.sleep(0.01)
     print(before, tasks())
     engine.stop()
     """
