@@ -11,10 +11,15 @@ from typing import Any
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedTokenizerFast
 
 from reinforge.engine import fused
 from reinforge.engine.attention import additive, cascade_decode, visible
 from reinforge.engine.model_runner import SlotCacheRunner
+from reinforge.engine.prefix_panels import pack_prefix
+from reinforge.models import tiny_llama
+
+from .conftest import diversify
 
 KERNELS: Any = fused.kernels()
 # With a compiler on the machine the kernels must build (a failure is a bug, not a skip).
@@ -71,6 +76,50 @@ def test_cascade_decode_reads_the_prefix_from_the_slot_named(window: int | None)
     torch.testing.assert_close(cascade_decode(q, k, v, shared, span, bias, 0.25, 5), expected)
     got = KERNELS.cascade_decode(q, k, v, shared, pos, window or 0, 0.25, 5)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 7, 40])
+@pytest.mark.parametrize(("heads", "kv", "d", "shared"), [(4, 2, 32, 20), (9, 3, 64, 37), (6, 2, 64, 1)])
+def test_cascade_decode_on_prefix_panels_matches_the_cache_products(
+    window: int | None, heads: int, kv: int, d: int, shared: int
+) -> None:
+    """The prefix's two products on panels packed once (`linear.pack_prefix`) against ATen's batched
+    products on the cache: prefixes that do and do not fill their last panel, the prefix read from
+    another slot."""
+    if not KERNELS.panel_width():
+        pytest.skip("no panel kernel on this CPU")
+    n, cap = 5, 96
+    k, v = _cache(7, kv, cap, d, shared, seed=heads + d + shared)
+    k[6, :, :shared], v[6, :, :shared] = k[0, :, :shared], v[0, :, :shared]
+    q = torch.randn(n, heads, d, generator=torch.Generator().manual_seed(5))
+    pos = torch.tensor([shared + 4, shared, shared + 30, shared + 11, shared + 2])
+    k_panels, v_panels = pack_prefix(k[6, :, :shared], v[6, :, :shared])
+    assert k_panels is not None and v_panels is not None
+    width = KERNELS.panel_width()
+    assert k_panels.shape == (kv, -(-shared // width), d, width) and v_panels.shape == (
+        kv,
+        d // width,
+        shared,
+        width,
+    )
+    expected = KERNELS.cascade_decode(q, k, v, shared, pos, window or 0, 0.2, 6)
+    got = KERNELS.cascade_decode(q, k, v, shared, pos, window or 0, 0.2, 6, k_panels, v_panels)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_prefix_panels_of_the_wrong_shape_are_refused() -> None:
+    if not KERNELS.panel_width():
+        pytest.skip("no panel kernel on this CPU")
+    k, v = _cache(2, 2, 64, 32, 20, seed=3)
+    k_panels, v_panels = pack_prefix(k[0, :, :20], v[0, :, :20])
+    assert k_panels is not None and v_panels is not None
+    q, pos = torch.zeros(2, 4, 32), torch.tensor([45, 50])
+    with pytest.raises(RuntimeError, match="prefix_k must be"):  # a prefix longer than the panels
+        KERNELS.cascade_decode(q, k, v, 40, pos, 0, 1.0, 0, k_panels, v_panels)
+    with pytest.raises(RuntimeError, match="prefix_v must be"):  # one within the same padded width
+        KERNELS.cascade_decode(q, k, v, 21, pos, 0, 1.0, 0, k_panels, v_panels)
+    with pytest.raises(RuntimeError, match="go together"):
+        KERNELS.cascade_decode(q, k, v, 20, pos, 0, 1.0, 0, k_panels, None)
 
 
 def test_cascade_decode_without_a_prefix_is_plain_attention() -> None:
@@ -213,6 +262,52 @@ def test_the_runner_gives_the_same_logits_with_and_without_the_kernels(
         step = [p + 1 for p in positions]
         runner.logits.append(runner.verify([[7, 8], [9], [10, 11, 12], [13]], step))  # type: ignore[attr-defined]
     for got, expected in zip(fused_runner.logits, eager_runner.logits, strict=True):  # type: ignore[attr-defined]
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_the_runner_packs_the_prefix_once_and_repacks_it_after_a_write_below_it(
+    tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cascade decode on the prefix's panels gives the logits it gives on the cache; the panels are
+    packed at the first step that reads a prefix, reused by the next, kept by writes elsewhere and
+    dropped by one into the prefix."""
+    if not KERNELS.panel_width():
+        pytest.skip("no panel kernel on this CPU")
+    from reinforge.engine import prefix_panels
+
+    # Heads of 64 (SmolLM2's), which both panel widths divide; grouped queries as there.
+    sizes = {"hidden_size": 192, "num_heads": 3, "num_kv_heads": 1, "num_layers": 2, "intermediate_size": 256}
+    llama = diversify(tiny_llama(tokenizer, **sizes), seed=3)
+
+    gen = torch.Generator().manual_seed(8)
+    shared = torch.randint(3, 270, (70,), generator=gen).tolist()
+    batch = [shared + torch.randint(3, 270, (3 + i,), generator=gen).tolist() for i in range(5)]
+    logits: dict[str, list[torch.Tensor]] = {}
+    runners: dict[str, SlotCacheRunner] = {}
+    for name in ("panels", "cache"):
+        if name == "cache":
+            monkeypatch.setattr(prefix_panels, "pack_prefix", lambda keys, values: (None, None))
+        runner = runners[name] = SlotCacheRunner(llama, 8, 128)
+        out = logits[name] = [runner.prefill(0, batch[:1])]
+        runner.move_many([(0, slot, 70) for slot in (1, 2, 3)])
+        out.append(runner.prefill(1, batch[1:4], cached=[70] * 3))
+        positions = [len(p) for p in batch[:4]]
+        for step in range(3):
+            out.append(runner.decode([5 + step] * 4, [p + step for p in positions]))
+            if name == "panels":
+                assert len(runner._prefix_panels._layers) == len(runner.layers)  # one pack a layer, reused
+        packed = runner._prefix_panels._layers
+        runner.move_many([(0, 4, 70)])  # slot 4 written, slot 0 (the prefix's) not: the panels stay
+        out.append(runner.prefill(4, batch[4:], cached=[70]))
+        assert runner._prefix_panels._layers is packed
+        positions = [p + 3 for p in positions] + [len(batch[4])]
+        runner.move_many([(1, 0, positions[1])])  # the prefix's slot rewritten (slot 1's sequence): they go
+        assert not runner._prefix_panels._layers
+        positions[0] = positions[1]
+        out.append(runner.decode([9] * 5, positions))
+    assert all(k is not None for k, _ in runners["panels"]._prefix_panels._layers.values())
+    assert all(k is None for k, _ in runners["cache"]._prefix_panels._layers.values())
+    for got, expected in zip(logits["panels"], logits["cache"], strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
 
 

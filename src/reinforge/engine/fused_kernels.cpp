@@ -18,6 +18,13 @@
 #include <type_traits>
 #include <vector>
 
+namespace reinforge {  // panel_linear.cpp: the projections, and its panels for cascade decode's prefix
+int64_t panel_width();
+at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& bias);
+void panel_rows(const float* a, int64_t rows, int64_t lda, const float* panels, int64_t K, int64_t p0, int64_t p1,
+                float* c, int64_t ldc, bool accumulate);
+}  // namespace reinforge
+
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
@@ -214,7 +221,8 @@ void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 // The shared part is two batched matrix products over all rows at once (ATen); each row's own
 // positions, the masks and the joint softmax are one pass here, per row and KV head.
 at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t shared,
-                          const at::Tensor& positions, int64_t window, double scale, int64_t prefix_slot) {
+                          const at::Tensor& positions, int64_t window, double scale, int64_t prefix_slot,
+                          const c10::optional<at::Tensor>& prefix_k, const c10::optional<at::Tensor>& prefix_v) {
   check_attention(q, k, v);
   const int64_t n = q.size(0), heads = q.size(1), d = q.size(2);
   const int64_t kv = k.size(1), cap = k.size(2);
@@ -229,19 +237,47 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
   }
   TORCH_CHECK(shared >= 0 && shared <= span, "shared prefix longer than the span");
   TORCH_CHECK(prefix_slot >= 0 && prefix_slot < k.size(0), "prefix slot ", prefix_slot, " is outside the cache");
+  const int64_t nr = reinforge::panel_width();
+  const bool panels = prefix_k.has_value() && shared > 0;
+  TORCH_CHECK(prefix_k.has_value() == prefix_v.has_value(), "prefix_k and prefix_v go together");
+  if (panels) {
+    const int64_t padded = (shared + nr - 1) / std::max<int64_t>(nr, 1) * nr;
+    TORCH_CHECK(nr > 0 && d % nr == 0, "prefix panels need the panel kernel and a head size it divides");
+    TORCH_CHECK(prefix_k->scalar_type() == at::kFloat && prefix_k->is_contiguous() &&
+                    prefix_k->sizes() == at::IntArrayRef({kv, padded / nr, d, nr}),
+                "prefix_k must be contiguous float32 [kv, ", padded / nr, ", ", d, ", ", nr, "]");
+    TORCH_CHECK(prefix_v->scalar_type() == at::kFloat && prefix_v->is_contiguous() &&
+                    prefix_v->sizes() == at::IntArrayRef({kv, d / nr, shared, nr}),
+                "prefix_v must be contiguous float32 [kv, ", d / nr, ", ", shared, ", ", nr, "]");
+  }
+  // The prefix's scores [kv, rows, stride] (stride: `shared`, or with panels the padded width the
+  // panels write), each row's own in a scratch of its thread.
+  const int64_t stride = panels ? prefix_k->size(1) * nr : shared;
 
   // The queries of one KV head as one matrix, scaled: [kv, n * group, d].
   at::Tensor qs = at::empty({kv, rows, d}, q.options());
   for (int64_t h = 0; h < kv; ++h)
     gather_head(q.data_ptr<float>(), heads, group, d, h, 0, n, static_cast<float>(scale), qs.data_ptr<float>() + h * rows * d);
-  // The prefix's scores [kv, rows, shared] from one product; each row's own in a scratch of its thread.
-  at::Tensor scores = at::empty({kv, rows, shared}, q.options());
-  if (shared > 0) at::bmm_out(scores, qs, k.select(0, prefix_slot).narrow(1, 0, shared).transpose(1, 2));
+  at::Tensor scores = at::empty({kv, rows, stride}, q.options());
+  const float* Q = qs.data_ptr<float>();
+  float* S = scores.data_ptr<float>();
+  if (panels) {
+    // One task per KV head and panel of prefix positions: rows x d against a d x NR panel in L1.
+    const int64_t per_head = prefix_k->size(1);
+    const float* KP = prefix_k->data_ptr<float>();
+    at::parallel_for(0, kv * per_head, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t u = begin; u < end; ++u) {
+        const int64_t h = u / per_head, p = u % per_head;
+        reinforge::panel_rows(Q + h * rows * d, rows, d, KP + h * per_head * d * nr, d, p, p + 1,
+                              S + h * rows * stride, stride, false);
+      }
+    });
+  } else if (shared > 0) {
+    at::bmm_out(scores, qs, k.select(0, prefix_slot).narrow(1, 0, shared).transpose(1, 2));
+  }
   at::Tensor out = at::empty({kv, rows, d}, q.options());
   const float* K = k.data_ptr<float>();
   const float* V = v.data_ptr<float>();
-  const float* Q = qs.data_ptr<float>();
-  float* S = scores.data_ptr<float>();
   float* O = out.data_ptr<float>();
   // Per row and KV head (`attend_row` for each of its queries); the prefix's share of the output is
   // added below as one product.
@@ -253,11 +289,24 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
       const float* values = V + (i * kv + h) * cap * d;
       for (int64_t g = 0; g < group; ++g) {
         const int64_t r = (h * n + i) * group + g;
-        attend_row(Q + r * d, S + r * shared, shared, pos[i], window, keys, values, d, own.data(), O + r * d);
+        attend_row(Q + r * d, S + r * stride, shared, pos[i], window, keys, values, d, own.data(), O + r * d);
       }
     }
   });
-  if (shared > 0) out.baddbmm_(scores, v.select(0, prefix_slot).narrow(1, 0, shared));
+  if (panels) {
+    // out += probs . V_prefix: one task per KV head and panel of d columns, all rows.
+    const int64_t per_head = d / nr;
+    const float* VP = prefix_v->data_ptr<float>();
+    at::parallel_for(0, kv * per_head, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t u = begin; u < end; ++u) {
+        const int64_t h = u / per_head, p = u % per_head;
+        reinforge::panel_rows(S + h * rows * stride, rows, stride, VP + h * per_head * shared * nr, shared, p, p + 1,
+                              O + h * rows * d, d, true);
+      }
+    });
+  } else if (shared > 0) {
+    out.baddbmm_(scores, v.select(0, prefix_slot).narrow(1, 0, shared));
+  }
   return out.view({kv, n, group, d}).permute({1, 0, 2, 3}).reshape({n, heads, d});
 }
 
@@ -476,13 +525,10 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return out;
 }
 
-namespace reinforge {  // panel_linear.cpp: the projections
-int64_t panel_width();
-at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const c10::optional<at::Tensor>& bias);
-}  // namespace reinforge
-
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("cascade_decode", &cascade_decode, "Cascade decode attention over a shared prefix");
+  m.def("cascade_decode", &cascade_decode, "Cascade decode attention over a shared prefix", py::arg("q"),
+        py::arg("k"), py::arg("v"), py::arg("shared"), py::arg("positions"), py::arg("window"), py::arg("scale"),
+        py::arg("prefix_slot") = 0, py::arg("prefix_k") = py::none(), py::arg("prefix_v") = py::none());
   m.def("cascade_prefill", &cascade_prefill, "Prefill attention over a prefix the prompts share");
   m.def("rope_store", &rope_store, "RoPE (and per-head norms) on q/k, k/v written to the cache");
   m.def("add_rms_norm", &add_rms_norm, "Residual add, then RMSNorm");

@@ -52,6 +52,7 @@ from reinforge.engine.errors import UnsupportedArchitectureError
 from reinforge.engine.fused import kernels as fused_kernels
 from reinforge.engine.fused import usable as fused_usable
 from reinforge.engine.linear import linear, out_features, pack_weight
+from reinforge.engine.prefix_panels import PrefixPanels
 from reinforge.engine.prefix_reuse import common_prefix
 
 # The cost of one more attention call, in cached positions read: splitting a decode batch into
@@ -257,6 +258,7 @@ class SlotCacheRunner:
         self._tokens: dict[int, list[int]] = {}  # slot -> the tokens whose KV it holds
         self._shared: int | None = None  # cached positions every running slot shares (None: unknown)
         self._deferred = DeferredCopies()  # prefix copies recorded, made only when needed
+        self._prefix_panels = PrefixPanels()  # cascade decode's shared prefix, packed once
         self._adapters: dict[str, list[_LayerLora]] = {}
         self._groups: _Groups = []
         self._group_key: tuple[str | None, ...] = ()
@@ -313,6 +315,7 @@ class SlotCacheRunner:
                 )
                 self.rope[kind] = (cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1))
         self._shared = None  # the cached KV is the old weights' (the engine drops it), never shared again
+        self._prefix_panels = PrefixPanels()
 
     def reserve(self, slots: int, length: int) -> None:
         self._ensure_capacity(slots, length, exact=True)
@@ -323,6 +326,7 @@ class SlotCacheRunner:
         self._slot_cap = self._len_cap = 0
         self._tokens.clear()
         self._deferred.clear()
+        self._prefix_panels.clear()
         self._shared = None
 
     def slot_capacity(self) -> int:
@@ -515,9 +519,11 @@ class SlotCacheRunner:
         lens = [len(p) - c for p, c in zip(prompts, starts, strict=True)]
         self._groups = self._row_groups(adapters, lens)
         self._ensure_capacity(first_slot + m, max(len(p) for p in prompts))
+        writes = {first_slot + i: c for i, c in enumerate(starts)}
         for i, prompt in enumerate(prompts):
             self._tokens[first_slot + i] = list(prompt)
         self._shared = None
+        self._prefix_panels.written(writes)
         positions = [c + j for c, n in zip(starts, lens, strict=True) for j in range(n)]
         pos = torch.tensor(positions, device=self.device)
         slot_of = [first_slot + i for i, n in enumerate(lens) for _ in range(n)]
@@ -535,7 +541,7 @@ class SlotCacheRunner:
         prefix_slot = first_slot
         if self._deferred:
             prefix_slot, copies = self._deferred.settle(
-                {first_slot + i: c for i, c in enumerate(starts)},
+                writes,
                 range(first_slot, first_slot + m),
                 shared if cascade else 0,
                 first_slot,
@@ -706,10 +712,10 @@ class SlotCacheRunner:
         shared = min(self._shared_prefix(n, adapters), span - 1) if n > 1 else 0
         cascade = shared >= _CASCADE_MIN_SHARED
         prefix_slot = 0
+        writes = dict(enumerate(positions))
+        self._prefix_panels.written(writes)  # (a decode step writes past any prefix: kept as a rule)
         if self._deferred:  # the copies this step's writes and own-slot reads need made first
-            prefix_slot, copies = self._deferred.settle(
-                dict(enumerate(positions)), range(n), shared if cascade else 0, 0
-            )
+            prefix_slot, copies = self._deferred.settle(writes, range(n), shared if cascade else 0, 0)
             _copy_ranges(self._k, self._v, copies)
         windows = dict.fromkeys(self.windows)
         fused = self._fused
@@ -730,8 +736,9 @@ class SlotCacheRunner:
             k_cache, v_cache = self._k[index], self._v[index]
             window = self.windows[index]
             if cascade and fused is not None:
+                panels = self._prefix_panels.get(index, k_cache, v_cache, prefix_slot, shared)
                 attn = fused.cascade_decode(
-                    q, k_cache, v_cache, shared, pos, window or 0, self.arch.attn_scale, prefix_slot
+                    q, k_cache, v_cache, shared, pos, window or 0, self.arch.attn_scale, prefix_slot, *panels
                 )
             elif cascade:
                 attn = cascade_decode(
@@ -767,6 +774,7 @@ class SlotCacheRunner:
         span = max(p + m for p, m in zip(positions, lens, strict=True))
         self._ensure_capacity(n, span)
         self._track(feeds, positions)
+        self._prefix_panels.written(dict(enumerate(positions)))
         flat = [p + j for p, m in zip(positions, lens, strict=True) for j in range(m)]
         pos = torch.tensor(flat, device=self.device)
         slot_of = torch.tensor([i for i, m in enumerate(lens) for _ in range(m)], device=self.device)
@@ -827,6 +835,7 @@ class SlotCacheRunner:
         # never reads them); the rest go slot to slot in place. A gathered copy (`k[:, targets] =
         # k[:, sources]`) would stage every moved cache in a fresh buffer first (docs/engine.md,
         # "Moving caches"): only a source that this call also writes is read from a copy of its own.
+        self._prefix_panels.written({dst: 0 for _, dst, _ in moves})
         before, now, after = self._deferred.plan_moves(moves)
         _copy_ranges(self._k, self._v, before)
         longest: dict[int, int] = {}

@@ -55,10 +55,10 @@ constexpr int64_t NR = 2 * V;
 // stays in L2 while the panels stream past it.
 constexpr int64_t ROW_BLOCK = 6 * MR;
 
-// C[R, NR] = A[R, K] . panel[K, NR] (+ bias). The accumulators are named registers (an array the
-// compiler fully unrolls): ATen's Vectorized wrapper made GCC keep them on the stack. `next` (or null)
-// is the panel to prefetch, one panel row per inner step.
-template <int R, bool PREFETCH>
+// C[R, NR] = A[R, K] . panel[K, NR] (+ bias), or C += A . panel with ACC. The accumulators are named
+// registers (an array the compiler fully unrolls): ATen's Vectorized wrapper made GCC keep them on the
+// stack. `next` (or null) is the panel to prefetch, one panel row per inner step.
+template <int R, bool PREFETCH, bool ACC>
 __attribute__((always_inline)) inline void tile(const float* __restrict a, int64_t lda,
                                                 const float* __restrict panel, int64_t K, float* __restrict c,
                                                 int64_t ldc, const float* bias, const float* next) {
@@ -66,8 +66,8 @@ __attribute__((always_inline)) inline void tile(const float* __restrict a, int64
   const float* rows[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    lo[r] = vzero();
-    hi[r] = vzero();
+    lo[r] = ACC ? vload(c + r * ldc) : vzero();
+    hi[r] = ACC ? vload(c + r * ldc + V) : vzero();
     rows[r] = a + r * lda;
   }
   for (int64_t k = 0; k < K; ++k) {
@@ -99,10 +99,16 @@ template <int R>
 void tile_entry(const float* a, int64_t lda, const float* panel, int64_t K, float* c, int64_t ldc, const float* bias,
                 const float* next) {
   if (next != nullptr) {
-    tile<R, true>(a, lda, panel, K, c, ldc, bias, next);
+    tile<R, true, false>(a, lda, panel, K, c, ldc, bias, next);
   } else {
-    tile<R, false>(a, lda, panel, K, c, ldc, bias, nullptr);
+    tile<R, false, false>(a, lda, panel, K, c, ldc, bias, nullptr);
   }
+}
+
+template <int R>
+void tile_accumulate(const float* a, int64_t lda, const float* panel, int64_t K, float* c, int64_t ldc,
+                     const float*, const float*) {
+  tile<R, false, true>(a, lda, panel, K, c, ldc, nullptr, nullptr);
 }
 
 template <int... Rs>
@@ -110,11 +116,36 @@ constexpr std::array<TileFn, sizeof...(Rs) + 1> tile_table(std::integer_sequence
   return {nullptr, &tile_entry<Rs + 1>...};
 }
 
-// TILES[r]: the tile of r rows (1 <= r <= MR), for a block's last rows.
+template <int... Rs>
+constexpr std::array<TileFn, sizeof...(Rs) + 1> accumulate_table(std::integer_sequence<int, Rs...>) {
+  return {nullptr, &tile_accumulate<Rs + 1>...};
+}
+
+// TILES[r]: the tile of r rows (1 <= r <= MR), for a block's last rows; ACCUMULATING[r] adds to C.
 constexpr auto TILES = tile_table(std::make_integer_sequence<int, MR>{});
+constexpr auto ACCUMULATING = accumulate_table(std::make_integer_sequence<int, MR>{});
 
 }  // namespace
 #endif
+
+void panel_rows(const float* a, int64_t rows, int64_t lda, const float* panels, int64_t K, int64_t p0, int64_t p1,
+                float* c, int64_t ldc, bool accumulate) {
+#ifdef REINFORGE_PANELS
+  const auto& tiles = accumulate ? ACCUMULATING : TILES;
+  for (int64_t m0 = 0; m0 < rows; m0 += ROW_BLOCK) {
+    const int64_t m1 = std::min(rows, m0 + ROW_BLOCK);
+    for (int64_t p = p0; p < p1; ++p) {
+      const float* panel = panels + p * K * NR;
+      for (int64_t m = m0; m < m1; m += MR) {
+        const int64_t r = std::min<int64_t>(MR, m1 - m);
+        tiles[r](a + m * lda, lda, panel, K, c + m * ldc + p * NR, ldc, nullptr, nullptr);
+      }
+    }
+  }
+#else
+  TORCH_CHECK(false, "panel_rows is built for AVX2 and AVX-512 only (panel_width() is 0 here)");
+#endif
+}
 
 int64_t panel_width() {
 #ifdef REINFORGE_PANELS
