@@ -4,9 +4,9 @@
 // A decode step multiplies a few dozen rows by every weight of the model, so its projections are one
 // pass over all the weights. oneDNN's packed calls reach about 60% of the square matmul's rate on those
 // 32-row shapes; this kernel keeps a register tile of up to MR rows x one panel for the whole inner
-// dimension, reads the panel once per tile from cache, and prefetches the next panel while the first
-// tile of the current one runs (docs/engine.md, "Panel projections", has the figures). Large row counts
-// (a prefill) go through the same tiles in blocks of rows that stay in L2.
+// dimension, reads the panel once per tile from cache, and prefetches the next panel spread evenly over
+// all the tiles of the current one (docs/engine.md, "Panel projections", has the figures). Large row
+// counts (a prefill) go through the same tiles in blocks of rows that stay in L2.
 //
 // Panels: W `[N, K]` as `[N / NR, K, NR]`, NR = two vector registers of floats, so one panel row is one
 // or two cache lines and a tile's inner step is two loads, MR broadcasts and 2 x MR FMAs. Built for the
@@ -57,11 +57,14 @@ constexpr int64_t ROW_BLOCK = 6 * MR;
 
 // C[R, NR] = A[R, K] . panel[K, NR] (+ bias), or C += A . panel with ACC. The accumulators are named
 // registers (an array the compiler fully unrolls): ATen's Vectorized wrapper made GCC keep them on the
-// stack. `next` (or null) is the panel to prefetch, one panel row per inner step.
+// stack. `next` (or null): `share` rows of the next panel to prefetch, one every `every` inner steps,
+// so that the tiles of one panel together fetch the next one evenly over the whole panel's work.
 template <int R, bool PREFETCH, bool ACC>
 __attribute__((always_inline)) inline void tile(const float* __restrict a, int64_t lda,
                                                 const float* __restrict panel, int64_t K, float* __restrict c,
-                                                int64_t ldc, const float* bias, const float* next) {
+                                                int64_t ldc, const float* bias, const float* next, int64_t share,
+                                                int64_t every) {
+  int64_t fetched = 0, count = 0;
   vf lo[R], hi[R];
   const float* rows[R];
 #pragma GCC unroll 16
@@ -74,8 +77,12 @@ __attribute__((always_inline)) inline void tile(const float* __restrict a, int64
     const float* p = panel + k * NR;
     const vf b0 = vload(p), b1 = vload(p + V);
     if constexpr (PREFETCH) {
-      __builtin_prefetch(next + k * NR, 0, 2);
-      if constexpr (NR * sizeof(float) > 64) __builtin_prefetch(next + k * NR + 16, 0, 2);
+      if (count == 0 && fetched < share) {
+        __builtin_prefetch(next + fetched * NR, 0, 2);
+        if constexpr (NR * sizeof(float) > 64) __builtin_prefetch(next + fetched * NR + 16, 0, 2);
+        ++fetched;
+      }
+      if (++count == every) count = 0;
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
@@ -93,22 +100,23 @@ __attribute__((always_inline)) inline void tile(const float* __restrict a, int64
   }
 }
 
-using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, const float*, const float*);
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, float*, int64_t, const float*, const float*,
+                        int64_t, int64_t);
 
 template <int R>
 void tile_entry(const float* a, int64_t lda, const float* panel, int64_t K, float* c, int64_t ldc, const float* bias,
-                const float* next) {
+                const float* next, int64_t share, int64_t every) {
   if (next != nullptr) {
-    tile<R, true, false>(a, lda, panel, K, c, ldc, bias, next);
+    tile<R, true, false>(a, lda, panel, K, c, ldc, bias, next, share, every);
   } else {
-    tile<R, false, false>(a, lda, panel, K, c, ldc, bias, nullptr);
+    tile<R, false, false>(a, lda, panel, K, c, ldc, bias, nullptr, 0, 1);
   }
 }
 
 template <int R>
-void tile_accumulate(const float* a, int64_t lda, const float* panel, int64_t K, float* c, int64_t ldc,
-                     const float*, const float*) {
-  tile<R, false, true>(a, lda, panel, K, c, ldc, nullptr, nullptr);
+void tile_accumulate(const float* a, int64_t lda, const float* panel, int64_t K, float* c, int64_t ldc, const float*,
+                     const float*, int64_t, int64_t) {
+  tile<R, false, true>(a, lda, panel, K, c, ldc, nullptr, nullptr, 0, 1);
 }
 
 template <int... Rs>
@@ -138,7 +146,7 @@ void panel_rows(const float* a, int64_t rows, int64_t lda, const float* panels, 
       const float* panel = panels + p * K * NR;
       for (int64_t m = m0; m < m1; m += MR) {
         const int64_t r = std::min<int64_t>(MR, m1 - m);
-        tiles[r](a + m * lda, lda, panel, K, c + m * ldc + p * NR, ldc, nullptr, nullptr);
+        tiles[r](a + m * lda, lda, panel, K, c + m * ldc + p * NR, ldc, nullptr, nullptr, 0, 1);
       }
     }
   }
@@ -183,9 +191,13 @@ at::Tensor panel_linear(const at::Tensor& x, const at::Tensor& panels, const c10
       for (int64_t p = p0; p < p1; ++p) {
         const float* panel = W + p * K * NR;
         const float* next = p + 1 < p1 ? panel + K * NR : nullptr;
+        // The block's tiles share the next panel's prefetch: tile t fetches its rows [t K / T, (t+1) K / T).
+        const int64_t tiles = (m1 - m0 + MR - 1) / MR;
         for (int64_t m = m0; m < m1; m += MR) {
-          const int64_t r = std::min<int64_t>(MR, m1 - m);
-          TILES[r](A + m * K, K, panel, K, C + m * N + p * NR, N, B ? B + p * NR : nullptr, m == m0 ? next : nullptr);
+          const int64_t r = std::min<int64_t>(MR, m1 - m), t = (m - m0) / MR;
+          const int64_t first = t * K / tiles, last = (t + 1) * K / tiles;
+          TILES[r](A + m * K, K, panel, K, C + m * N + p * NR, N, B ? B + p * NR : nullptr,
+                   next ? next + first * NR : nullptr, last - first, tiles);
         }
       }
     }
