@@ -201,6 +201,21 @@ void gather_head(const float* q, int64_t heads, int64_t group, int64_t d, int64_
     }
 }
 
+// For every KV head h: C_h = A_h . W_h (or C_h += with `accumulate`), A_h [rows, K] at a + h * a_head
+// (rows lda apart), W_h `panels` panels [panels, K, NR] at w + h * panels * K * NR, C_h [rows, panels *
+// NR] at c + h * c_head (rows ldc apart). One task of the thread pool per head and panel.
+void per_head_panels(const float* a, int64_t a_head, int64_t lda, const float* w, int64_t panels, int64_t K, float* c,
+                     int64_t c_head, int64_t ldc, int64_t rows, int64_t heads, bool accumulate) {
+  const int64_t nr = reinforge::panel_width();
+  at::parallel_for(0, heads * panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t h = u / panels, p = u % panels;
+      reinforge::panel_rows(a + h * a_head, rows, lda, w + h * panels * K * nr, K, p, p + 1, c + h * c_head, ldc,
+                            accumulate);
+    }
+  });
+}
+
 // q [rows, heads, d] against one layer's cache [slots, kv_heads, capacity, d] (k and v alike).
 void check_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   check_float(q, "q");
@@ -261,17 +276,9 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
   at::Tensor scores = at::empty({kv, rows, stride}, q.options());
   const float* Q = qs.data_ptr<float>();
   float* S = scores.data_ptr<float>();
-  if (panels) {
-    // One task per KV head and panel of prefix positions: rows x d against a d x NR panel in L1.
-    const int64_t per_head = prefix_k->size(1);
-    const float* KP = prefix_k->data_ptr<float>();
-    at::parallel_for(0, kv * per_head, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t u = begin; u < end; ++u) {
-        const int64_t h = u / per_head, p = u % per_head;
-        reinforge::panel_rows(Q + h * rows * d, rows, d, KP + h * per_head * d * nr, d, p, p + 1,
-                              S + h * rows * stride, stride, false);
-      }
-    });
+  if (panels) {  // each panel of prefix positions: rows x d against a d x NR panel that sits in L1
+    per_head_panels(Q, rows * d, d, prefix_k->data_ptr<float>(), prefix_k->size(1), d, S, rows * stride, stride,
+                    rows, kv, false);
   } else if (shared > 0) {
     at::bmm_out(scores, qs, k.select(0, prefix_slot).narrow(1, 0, shared).transpose(1, 2));
   }
@@ -293,17 +300,9 @@ at::Tensor cascade_decode(const at::Tensor& q, const at::Tensor& k, const at::Te
       }
     }
   });
-  if (panels) {
-    // out += probs . V_prefix: one task per KV head and panel of d columns, all rows.
-    const int64_t per_head = d / nr;
-    const float* VP = prefix_v->data_ptr<float>();
-    at::parallel_for(0, kv * per_head, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t u = begin; u < end; ++u) {
-        const int64_t h = u / per_head, p = u % per_head;
-        reinforge::panel_rows(S + h * rows * stride, rows, stride, VP + h * per_head * shared * nr, shared, p, p + 1,
-                              O + h * rows * d, d, true);
-      }
-    });
+  if (panels) {  // out += probs . V_prefix, each panel of head columns for all rows
+    per_head_panels(S, rows * stride, stride, prefix_v->data_ptr<float>(), d / nr, shared, O, rows * d, d, rows, kv,
+                    true);
   } else if (shared > 0) {
     out.baddbmm_(scores, v.select(0, prefix_slot).narrow(1, 0, shared));
   }
