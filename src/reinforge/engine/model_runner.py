@@ -774,7 +774,8 @@ class SlotCacheRunner:
         span = max(p + m for p, m in zip(positions, lens, strict=True))
         self._ensure_capacity(n, span)
         self._track(feeds, positions)
-        self._prefix_panels.written(dict(enumerate(positions)))
+        writes = dict(enumerate(positions))
+        self._prefix_panels.written(writes)
         flat = [p + j for p, m in zip(positions, lens, strict=True) for j in range(m)]
         pos = torch.tensor(flat, device=self.device)
         slot_of = torch.tensor([i for i, m in enumerate(lens) for _ in range(m)], device=self.device)
@@ -786,9 +787,7 @@ class SlotCacheRunner:
         cascade = shared >= _CASCADE_MIN_SHARED
         prefix_slot = 0
         if self._deferred:
-            prefix_slot, copies = self._deferred.settle(
-                dict(enumerate(positions)), range(n), shared if cascade else 0, 0
-            )
+            prefix_slot, copies = self._deferred.settle(writes, range(n), shared if cascade else 0, 0)
             _copy_ranges(self._k, self._v, copies)
         windows = dict.fromkeys(self.windows)
         arange = self._arange
