@@ -83,7 +83,7 @@ def test_cascade_decode_reads_the_prefix_from_the_slot_named(window: int | None)
 def test_cascade_decode_on_prefix_panels_matches_the_cache_products(
     window: int | None, heads: int, kv: int, d: int, shared: int
 ) -> None:
-    """The prefix's two products on panels packed once (`linear.pack_prefix`) against ATen's batched
+    """The prefix's two products on panels packed once (`prefix_panels.pack_prefix`) against ATen's batched
     products on the cache: prefixes that do and do not fill their last panel, the prefix read from
     another slot."""
     if not KERNELS.panel_width():

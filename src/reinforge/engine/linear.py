@@ -37,12 +37,25 @@ def _can_pack(weight: torch.Tensor) -> bool:
     )
 
 
-def _panel_width(weight: torch.Tensor) -> int:
-    """The panel width the compiled kernels would pack `weight` in, or 0 where they cannot take it."""
-    if weight.dim() != 2 or not fused.usable(weight):
+def panel_width(*tensors: torch.Tensor) -> int:
+    """The output columns per panel of the compiled kernels where they can take `tensors`, else 0."""
+    if not fused.usable(*tensors):
         return 0
     kernels = fused.kernels()
-    width = int(kernels.panel_width()) if kernels is not None else 0
+    return int(kernels.panel_width()) if kernels is not None else 0
+
+
+def to_panels(matrix: torch.Tensor, width: int) -> torch.Tensor:
+    """`matrix` (`[..., out, in]`, `out` a multiple of `width`) as panels `[..., out / width, in,
+    width]`: the layout `panel_linear.cpp` reads, for the weights here and for cascade decode's
+    prefix (`engine.prefix_panels`)."""
+    *lead, out, inner = matrix.shape
+    return matrix.reshape(*lead, out // width, width, inner).transpose(-2, -1).contiguous()
+
+
+def _panel_width(weight: torch.Tensor) -> int:
+    """The panel width the compiled kernels would pack `weight` in, or 0 where they cannot take it."""
+    width = panel_width(weight) if weight.dim() == 2 else 0
     return width if width and weight.shape[0] % width == 0 else 0
 
 
@@ -52,8 +65,7 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     weight = weight.detach()
     width = _panel_width(weight)
     if width:
-        out, inner = weight.shape
-        return weight.reshape(out // width, width, inner).transpose(1, 2).contiguous()
+        return to_panels(weight, width)
     if not _can_pack(weight):
         return weight
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _ROWS_HINT)

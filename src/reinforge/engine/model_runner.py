@@ -315,7 +315,7 @@ class SlotCacheRunner:
                 )
                 self.rope[kind] = (cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1))
         self._shared = None  # the cached KV is the old weights' (the engine drops it), never shared again
-        self._prefix_panels = PrefixPanels()
+        self._prefix_panels.clear()
 
     def reserve(self, slots: int, length: int) -> None:
         self._ensure_capacity(slots, length, exact=True)
@@ -538,15 +538,10 @@ class SlotCacheRunner:
         arange = self._arange
         batch_masks = {w: padded_mask(arange, starts, lens, w) for w in windows} if padded else {}
         per_prompt = not (cascade or padded)
-        prefix_slot = first_slot
-        if self._deferred:
-            prefix_slot, copies = self._deferred.settle(
-                writes,
-                range(first_slot, first_slot + m),
-                shared if cascade else 0,
-                first_slot,
-            )
-            _copy_ranges(self._k, self._v, copies)
+        reads = range(first_slot, first_slot + m)
+        prefix_slot = _settle(
+            self._deferred, self._k, self._v, writes, reads, shared if cascade else 0, first_slot
+        )
         starts_t = torch.tensor(starts) if cascade else None  # the cascade kernel's prompt layout
         lens_t = torch.tensor(lens) if cascade else None
         prompt_masks = {w: per_prompt_masks(arange, starts, lens, w) for w in windows} if per_prompt else {}
@@ -711,12 +706,9 @@ class SlotCacheRunner:
         span = max(positions) + 1
         shared = min(self._shared_prefix(n, adapters), span - 1) if n > 1 else 0
         cascade = shared >= _CASCADE_MIN_SHARED
-        prefix_slot = 0
         writes = dict(enumerate(positions))
         self._prefix_panels.written(writes)  # (a decode step writes past any prefix: kept as a rule)
-        if self._deferred:  # the copies this step's writes and own-slot reads need made first
-            prefix_slot, copies = self._deferred.settle(writes, range(n), shared if cascade else 0, 0)
-            _copy_ranges(self._k, self._v, copies)
+        prefix_slot = _settle(self._deferred, self._k, self._v, writes, range(n), shared if cascade else 0, 0)
         windows = dict.fromkeys(self.windows)
         fused = self._fused
         biases: dict[int | None, torch.Tensor] = {}
@@ -785,10 +777,7 @@ class SlotCacheRunner:
         h, width = self.num_heads, max(lens)
         shared = min(self._shared_prefix(n, adapters), span - 1) if n > 1 else 0
         cascade = shared >= _CASCADE_MIN_SHARED
-        prefix_slot = 0
-        if self._deferred:
-            prefix_slot, copies = self._deferred.settle(writes, range(n), shared if cascade else 0, 0)
-            _copy_ranges(self._k, self._v, copies)
+        prefix_slot = _settle(self._deferred, self._k, self._v, writes, range(n), shared if cascade else 0, 0)
         windows = dict.fromkeys(self.windows)
         arange = self._arange
         masks = {w: padded_mask(arange, positions, lens, w) for w in windows}
@@ -983,6 +972,25 @@ def _shared_by_all(seqs: list[list[int]], limit: int) -> int:
     for seq in seqs[1:]:
         shared = common_prefix(seqs[0], seq, shared)
     return shared
+
+
+def _settle(
+    deferred: DeferredCopies,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    writes: Mapping[int, int],
+    reads: range,
+    keep: int,
+    prefix_of: int,
+) -> int:
+    """Before a forward: the deferred copies its writes and its reads of its own slots from `keep` on
+    need, made now (`DeferredCopies.settle`), and the slot to read `prefix_of`'s first `keep`
+    positions from."""
+    if not deferred:
+        return prefix_of
+    slot, copies = deferred.settle(writes, reads, keep, prefix_of)
+    _copy_ranges(k, v, copies)
+    return slot
 
 
 def _copy_ranges(k: torch.Tensor, v: torch.Tensor, copies: list[RangeCopy]) -> None:

@@ -11,11 +11,10 @@ from (docs/engine.md, "Prefix panels").
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
 
 import torch
 
-from reinforge.engine import fused
+from reinforge.engine.linear import panel_width, to_panels
 
 Panels = tuple[torch.Tensor | None, torch.Tensor | None]
 """Keys `[kv_heads, positions / width, head_dim, width]` and values `[kv_heads, head_dim / width,
@@ -24,20 +23,18 @@ positions, width]`, or (None, None) where the panel kernel cannot take them."""
 
 def pack_prefix(keys: torch.Tensor, values: torch.Tensor) -> Panels:
     """A prefix's keys and values (`[kv_heads, positions, head_dim]` each, as the cache holds them) in
-    panels (positions padded with zeros to the panel width); (None, None) where the kernels are not
-    loaded, the tensors are not theirs, or the width does not divide the head size: cascade decode
-    then multiplies the cache itself."""
-    kernels: Any = fused.loaded()
-    width = int(kernels.panel_width()) if kernels is not None and fused.usable(keys, values) else 0
+    panels: the keys as the weight of the scores' product (positions padded with zeros to the panel
+    width), the values transposed as the weight of the output's. (None, None) where the kernels cannot
+    take them or the width does not divide the head size: cascade decode then multiplies the cache
+    itself."""
+    width = panel_width(keys, values)
     heads, positions, dim = keys.shape
     if not width or dim % width:
         return None, None
     padded = -(-positions // width) * width
     k = keys.new_zeros(heads, padded, dim)
     k[:, :positions] = keys
-    k_panels = k.view(heads, padded // width, width, dim).transpose(2, 3).contiguous()
-    v_panels = values.reshape(heads, positions, dim // width, width).transpose(1, 2).contiguous()
-    return k_panels, v_panels
+    return to_panels(k, width), to_panels(values.transpose(1, 2), width)
 
 
 class PrefixPanels:
